@@ -1,0 +1,233 @@
+"""Conversion: source model + Constants + constant heads -> a PAPA model, and its checkpoint folder.
+
+The in-memory PAPA model is the class a checkpoint loads (``PapaBertModel`` ...), built by the same
+``hub_code`` that ships next to the weights, so what is tested here is what users load.
+"""
+
+from __future__ import annotations
+
+import copy
+import datetime as _dt
+import json
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+from . import __version__
+from .architectures import get_family, num_heads_layers
+from .constants import Constants
+from .hub_code.configuration_papa import CONFIG_CLASSES, PAPA_FIELDS, PAPA_FORMAT_VERSION
+from .hub_code.modeling_papa import MODEL_CLASSES, apply_papa, attention_modules
+from .loading import resolve_dtype
+
+HUB_CODE_FILES = ("configuration_papa.py", "modeling_papa.py", "papa_attention.py", "slots.py", "families.py")
+HUB_CODE_DIR = Path(__file__).parent / "hub_code"
+
+
+def normalize_heads(heads, num_layers: int, num_heads: int) -> list[list[int]]:
+    """Sorted, de-duplicated ``[[layer, head], ...]``; ValueError for a head the model does not have."""
+    out = set()
+    for item in heads or []:
+        layer, head = (int(x) for x in item)
+        if not (0 <= layer < num_layers and 0 <= head < num_heads):
+            raise ValueError(f"head [{layer}, {head}] does not exist in a model of {num_layers} layers x {num_heads} heads")
+        out.add((layer, head))
+    return [list(x) for x in sorted(out)]
+
+
+def _auto_class_of(model, family) -> str:
+    name = type(model).__name__.removeprefix("Papa")
+    for auto, cls_name in family.auto_classes.items():
+        if cls_name == name:
+            return auto
+    raise ValueError(
+        f"{type(model).__name__} has no PAPA counterpart; load the source with one of: "
+        f"{', '.join(family.auto_classes.values())}"
+    )
+
+
+def convert(
+    model,
+    constants: Constants,
+    heads,
+    *,
+    tokenizer=None,
+    kind: str | None = None,
+    method: str | None = None,
+    fraction: float | None = None,
+    dtype: str = "float32",
+    trainable_constants: bool = False,
+    source_name: str | None = None,
+):
+    """Make a PAPA model: the listed heads attend with constant matrices, the rest is the source.
+
+    Args:
+        model: a source model of a supported family and head (it is deep-copied, never changed).
+        constants: ``Constants`` for every layer and head of this model (any kind).
+        heads: ``[[layer, head], ...]`` to make constant (e.g. ``ranking.select(fraction)``).
+        tokenizer: the source tokenizer; its separator id lets the model find a pair's middle.
+        kind, method, fraction: provenance written into the config.
+        dtype: storage dtype of the constants: fp32 (default), fp16 or bf16.
+        trainable_constants: give the constants gradients (the paper's "labeled" matrices).
+        source_name: the source's Hub id, for provenance and the compatibility check.
+
+    Returns:
+        The PAPA model (``Papa<Class>``), in eval mode. Its query/key weights of constant heads are gone;
+        only constant heads store their matrices.
+    """
+    family = get_family(model)
+    num_heads, num_layers = num_heads_layers(model.config)
+    source = source_name or getattr(model.config, "_name_or_path", None) or None
+    constants.check_compatible(model.config, source)
+    heads = normalize_heads(heads, num_layers, num_heads)
+    store = resolve_dtype(dtype)
+    auto_class = _auto_class_of(model, family)
+
+    papa = copy.deepcopy(model)
+    config = papa.config
+    config.__class__ = CONFIG_CLASSES[family.model_type]
+    sep = getattr(tokenizer, "sep_token_id", None) if tokenizer is not None else getattr(config, "sep_token_id", None)
+    fields = {
+        "papa_max_length": constants.max_length,
+        "papa_constant_heads": heads,
+        "papa_sep_token_id": sep,
+        "papa_constants_dtype": str(store).replace("torch.", ""),
+        "papa_trainable_constants": bool(trainable_constants),
+        "papa_kind": kind or constants.kind,
+        "papa_method": method,
+        "papa_fraction": fraction,
+        "papa_calibrated_on": "pairs" if constants.pairs else "single",
+        "papa_source_model": _public_name(source),
+        "papa_format_version": PAPA_FORMAT_VERSION,
+        "papa_surgery_version": __version__,
+    }
+    assert set(fields) == set(PAPA_FIELDS)
+    for name, value in fields.items():
+        setattr(config, name, value)
+    apply_papa(papa)
+    with torch.no_grad():
+        for layer, module in enumerate(attention_modules(papa)):
+            if module.papa_const:
+                values = constants.values[layer, module.papa_const]  # (Hc, L, L)
+                module.papa_constants.copy_(values.to(module.papa_constants.device, store))
+    papa.__class__ = MODEL_CLASSES[family.model_type][auto_class]
+    config.architectures = [papa.__class__.__name__]
+    config.auto_map = auto_map(family)
+    return papa.eval()
+
+
+def auto_map(family) -> dict[str, str]:
+    """``auto_map`` of a PAPA config: every auto class of the family -> the shipped classes."""
+    out = {"AutoConfig": f"configuration_papa.{CONFIG_CLASSES[family.model_type].__name__}"}
+    for auto, cls in MODEL_CLASSES[family.model_type].items():
+        out[auto] = f"modeling_papa.{cls.__name__}"
+    return out
+
+
+def _public_name(source: str | None) -> str | None:
+    """A Hub id stays; a local folder is recorded by its name only (no paths in configs)."""
+    if not source:
+        return None
+    path = Path(source)
+    if path.exists() or source.startswith(("/", ".", "~")):
+        return path.name
+    return source
+
+
+def constant_heads_of(model) -> list[list[int]]:
+    """``[[layer, head], ...]`` currently constant in a PAPA model."""
+    return [[layer, h] for layer, m in enumerate(attention_modules(model)) for h in getattr(m, "papa_const", [])]
+
+
+def library_versions() -> dict[str, str]:
+    import huggingface_hub
+    import safetensors
+    import transformers
+
+    return {
+        "papa_surgery": __version__,
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "huggingface_hub": huggingface_hub.__version__,
+        "safetensors": safetensors.__version__,
+        "python": sys.version.split()[0],
+    }
+
+
+def build_recipe(model, constants: Constants, ranking=None, command: str | None = None, source_revision=None) -> dict:
+    """Everything needed to redo a conversion, for ``papa_recipe.json``."""
+    config = model.config
+    heads, layers = num_heads_layers(config)
+    return {
+        "papa_surgery_version": __version__,
+        "format_version": PAPA_FORMAT_VERSION,
+        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "source": {
+            "model": constants.metadata.get("source_model") or config.papa_source_model,
+            "revision": source_revision,
+            "model_type": get_family(config).model_type,
+        },
+        "corpus": {
+            "description": constants.metadata.get("corpus"),
+            "examples": constants.metadata.get("examples"),
+            "pairs": constants.pairs,
+        },
+        "kind": config.papa_kind,
+        "ranking": None if ranking is None else {"method": ranking.method, "provenance": ranking.provenance},
+        "method": config.papa_method,
+        "fraction": config.papa_fraction,
+        "max_length": config.papa_max_length,
+        "constants_dtype": config.papa_constants_dtype,
+        "constant_heads": config.papa_constant_heads,
+        "num_heads_total": heads * layers,
+        "coverage": constants.summary().get("coverage"),
+        "command": command,
+        "library_versions": library_versions(),
+    }
+
+
+def save_checkpoint(
+    model,
+    out_dir: str | Path,
+    tokenizer=None,
+    recipe: dict | None = None,
+    overwrite: bool = False,
+    card: bool = True,
+) -> Path:
+    """Write a standalone PAPA checkpoint folder, all or nothing.
+
+    The folder is assembled in a temporary sibling and moved into place only when complete, so a
+    failure leaves no partial output. An existing folder is an error unless ``overwrite``.
+    """
+    out_dir = Path(out_dir)
+    if out_dir.exists() and not overwrite:
+        raise ValueError(f"output folder {str(out_dir)!r} already exists; pass --overwrite to replace it")
+    if not hasattr(model.config, "papa_constant_heads"):
+        raise ValueError("save_checkpoint needs a PAPA model (from papa_surgery.convert.convert)")
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
+    try:
+        model.save_pretrained(tmp)
+        for name in HUB_CODE_FILES:
+            shutil.copy2(HUB_CODE_DIR / name, tmp / name)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(tmp)
+        (tmp / "papa_recipe.json").write_text(json.dumps(recipe or {}, indent=2, default=str) + "\n")
+        if card:
+            from .card import write_card
+
+            write_card(tmp, command=(recipe or {}).get("command"))
+        if out_dir.exists():
+            backup = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.old.", dir=out_dir.parent))
+            out_dir.replace(backup / out_dir.name)
+            tmp.replace(out_dir)
+            shutil.rmtree(backup, ignore_errors=True)
+        else:
+            tmp.replace(out_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out_dir

@@ -1,0 +1,239 @@
+"""What a PAPA checkpoint folder holds: the facts behind ``papa-surgery inspect`` and the model card.
+
+``describe(folder)`` reads ``config.json``, ``papa_recipe.json`` and the header of ``model.safetensors``
+(no weights are loaded) and returns a plain dict; ``format_description`` turns it into text.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from .hub_code.families import family_for
+
+REQUIRED_FILES = (
+    "config.json",
+    "model.safetensors",
+    "configuration_papa.py",
+    "modeling_papa.py",
+    "papa_recipe.json",
+    "README.md",
+)
+CODE_FILES = ("configuration_papa.py", "modeling_papa.py", "papa_attention.py", "slots.py", "families.py")
+CONSTANTS_SUFFIX = "papa_constants"
+
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
+
+_PIPELINE_TAGS = {
+    "ForMaskedLM": "fill-mask",
+    "ForSequenceClassification": "text-classification",
+    "ForTokenClassification": "token-classification",
+    "ForQuestionAnswering": "question-answering",
+}
+
+
+def read_config(folder: Path) -> dict:
+    """``config.json`` of a PAPA checkpoint; ValueError naming what is missing otherwise."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise ValueError(f"{folder} is not a folder; pass the folder a PAPA conversion wrote")
+    path = folder / "config.json"
+    if not path.is_file():
+        raise ValueError(f"{folder} is not a PAPA checkpoint: it has no config.json")
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{path} is not valid JSON: {err}") from err
+    model_type = str(config.get("model_type", ""))
+    if not model_type.startswith("papa_") or "papa_max_length" not in config or "papa_constant_heads" not in config:
+        raise ValueError(
+            f"{folder} is not a PAPA checkpoint: config.json has model_type={model_type!r} and no papa_* fields "
+            "(convert a model first: papa-surgery convert MODEL --fraction F --out DIR)"
+        )
+    return config
+
+
+def read_recipe(folder: Path) -> dict:
+    path = Path(folder) / "papa_recipe.json"
+    if not path.is_file():
+        return {}
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def is_hub_id(name: str | None) -> bool:
+    """Whether ``name`` looks like a Hub repo id (``org/name`` or ``name``), not a local path."""
+    return bool(name) and bool(_HUB_ID.match(name)) and not name.startswith((".", "/")) and ".." not in name
+
+
+def pipeline_tag_for(architectures) -> str:
+    """Hub pipeline tag of a checkpoint's model class (``feature-extraction`` for the bare encoder)."""
+    for arch in architectures or []:
+        for suffix, tag in _PIPELINE_TAGS.items():
+            if arch.endswith(suffix):
+                return tag
+    return "feature-extraction"
+
+
+def auto_class_for(architectures) -> str:
+    """The ``transformers`` auto class that loads a checkpoint's model class."""
+    for arch in architectures or []:
+        for suffix in (*_PIPELINE_TAGS, "ForMultipleChoice"):
+            if arch.endswith(suffix):
+                return f"AutoModel{suffix}"
+    return "AutoModel"
+
+
+def constants_header(folder: Path) -> dict[str, list[int]]:
+    """Shapes of the ``*papa_constants`` tensors in ``model.safetensors`` (header only)."""
+    path = Path(folder) / "model.safetensors"
+    if not path.is_file():
+        return {}
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="pt") as f:
+        return {k: list(f.get_slice(k).get_shape()) for k in f.keys() if k.endswith(CONSTANTS_SUFFIX)}
+
+
+def hub_datasets(corpus: dict) -> list[str]:
+    """Hub datasets a calibration corpus came from (``hub_dataset`` or a ``name[:config]:split:column`` spec)."""
+    names = []
+    for key in ("hub_dataset", "dataset", "spec", "source"):
+        value = corpus.get(key)
+        if not isinstance(value, str) or not value:
+            continue
+        name = value.split(":")[0] if value.count(":") >= 2 else (value if key == "hub_dataset" else "")
+        if is_hub_id(name) and not Path(name).exists():
+            names.append(name)
+    return sorted(set(names))
+
+
+def describe(folder) -> dict:
+    """The facts of a PAPA checkpoint folder as a plain dict (see ``format_description``)."""
+    folder = Path(folder)
+    config = read_config(folder)
+    recipe = read_recipe(folder)
+    family = family_for(config["model_type"])
+    num_layers = int(config.get(family.layers_attr) or 0)
+    num_heads = int(config.get(family.heads_attr) or 0)
+    heads = sorted([int(layer), int(head)] for layer, head in config.get("papa_constant_heads") or [])
+    grid = [[False] * num_heads for _ in range(num_layers)]
+    for layer, head in heads:
+        if layer < num_layers and head < num_heads:
+            grid[layer][head] = True
+    total = num_layers * num_heads
+    fraction = config.get("papa_fraction")
+    if fraction is None and total:
+        fraction = len(heads) / total
+    source = recipe.get("source") or {}
+    corpus = recipe.get("corpus") or {}
+    ranking = recipe.get("ranking") or {}
+    files = {p.name: p.stat().st_size for p in sorted(folder.iterdir()) if p.is_file()}
+    versions = dict(recipe.get("library_versions") or {})
+    if config.get("transformers_version"):
+        versions.setdefault("transformers", config["transformers_version"])
+    return {
+        "folder": str(folder),
+        "family": family.model_type,
+        "model_type": config["model_type"],
+        "architectures": list(config.get("architectures") or []),
+        "auto_class": auto_class_for(config.get("architectures")),
+        "pipeline_tag": pipeline_tag_for(config.get("architectures")),
+        "source_model": config.get("papa_source_model") or source.get("model"),
+        "source_revision": source.get("revision"),
+        "license": source.get("license") or recipe.get("license"),
+        "num_layers": num_layers,
+        "num_heads": num_heads,
+        "hidden_size": config.get("hidden_size", config.get("dim")),
+        "num_constant_heads": len(heads),
+        "num_heads_total": total,
+        "fraction": fraction,
+        "constant_heads": heads,
+        "grid": grid,
+        "kind": config.get("papa_kind") or recipe.get("kind"),
+        "method": config.get("papa_method") or ranking.get("method"),
+        "ranking_provenance": ranking.get("provenance"),
+        "max_length": config.get("papa_max_length"),
+        "calibrated_on": config.get("papa_calibrated_on"),
+        "sep_token_id": config.get("papa_sep_token_id"),
+        "constants_dtype": config.get("papa_constants_dtype"),
+        "trainable_constants": bool(config.get("papa_trainable_constants")),
+        "corpus": corpus,
+        "datasets": hub_datasets(corpus),
+        "coverage": recipe.get("coverage"),
+        "command": recipe.get("command"),
+        "created": recipe.get("created"),
+        "format_version": config.get("papa_format_version"),
+        "papa_surgery_version": config.get("papa_surgery_version") or recipe.get("papa_surgery_version"),
+        "library_versions": versions,
+        "files": files,
+        "total_size": sum(files.values()),
+        "missing_files": [name for name in REQUIRED_FILES if name not in files],
+        "constants": constants_header(folder),
+    }
+
+
+def head_grid_lines(d: dict, constant: str = "C", kept: str = ".") -> list[str]:
+    """The layer x head grid as text lines (``C`` constant, ``.`` input-dependent attention)."""
+    width = max(2, len(str(d["num_heads"] - 1)))
+    lines = ["layer " + "".join(f"{h:>{width}}" for h in range(d["num_heads"]))]
+    for layer, row in enumerate(d["grid"]):
+        lines.append(f"{layer:>5} " + "".join(f"{constant if c else kept:>{width}}" for c in row))
+    return lines
+
+
+def human_size(n: int) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1024 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n} B"
+
+
+def format_description(d: dict) -> str:
+    """Human-readable text of ``describe``'s dict (what ``papa-surgery inspect DIR`` prints)."""
+    fraction = d["fraction"]
+    lines = [
+        f"PAPA checkpoint: {d['folder']}",
+        f"  family          {d['family']} ({', '.join(d['architectures']) or 'no architectures'})",
+        f"  source          {d['source_model']}" + (f" @ {d['source_revision']}" if d["source_revision"] else ""),
+        f"  constant heads  {d['num_constant_heads']} of {d['num_heads_total']}"
+        + (f" (fraction {fraction:.4g})" if fraction is not None else ""),
+        f"  kind            {d['kind']}",
+        f"  ranking         {d['method']}",
+        f"  slots (L)       {d['max_length']}   calibrated on {d['calibrated_on']}   dtype {d['constants_dtype']}"
+        + ("   trainable" if d["trainable_constants"] else ""),
+    ]
+    corpus = d["corpus"] or {}
+    if corpus:
+        lines.append(
+            f"  corpus          {corpus.get('description', '?')}"
+            + (f" ({corpus['examples']} examples)" if corpus.get("examples") is not None else "")
+            + (", pairs" if corpus.get("pairs") else "")
+        )
+    if d["coverage"]:
+        lines.append(f"  coverage        {format_coverage(d['coverage'])}")
+    lines.append(f"  format          v{d['format_version']}, papa-surgery {d['papa_surgery_version']}")
+    if d["library_versions"]:
+        lines.append("  libraries       " + ", ".join(f"{k} {v}" for k, v in sorted(d["library_versions"].items())))
+    if d["command"]:
+        lines.append(f"  command         {d['command']}")
+    lines.append("  heads (C = constant, . = attention):")
+    lines += ["    " + line for line in head_grid_lines(d)]
+    lines.append(f"  files ({human_size(d['total_size'])}):")
+    lines += [f"    {name:<28} {human_size(size):>10}" for name, size in d["files"].items()]
+    if d["missing_files"]:
+        lines.append(f"  missing         {', '.join(d['missing_files'])}")
+    return "\n".join(lines)
+
+
+def format_coverage(coverage) -> str:
+    """A short text of the recipe's coverage entry (any JSON: dicts print as ``key value`` pairs)."""
+    if isinstance(coverage, dict):
+        parts = []
+        for key, value in coverage.items():
+            if isinstance(value, list):
+                value = f"[{len(value)} values]" if len(value) > 8 else value
+            parts.append(f"{key} {value}")
+        return ", ".join(parts)
+    return str(coverage)

@@ -1,0 +1,71 @@
+"""Masked-LM scoring (paper sec. 5.5): negative log perplexity of masked tokens with the model's own MLM head.
+
+Each example masks a seeded 15% of its non-special tokens (at least one) at once, all with the mask
+token, and the score is minus the mean negative log-likelihood of the original tokens at those
+positions (the paper's "negative log perplexity", higher is better). Masking 15% at once, rather than
+one token at a time (the strict pseudo-perplexity), costs one forward pass per example. Positions
+whose original token is the unknown token are never masked.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from tqdm.auto import tqdm
+
+from .features import Encoded, length_batches, pad_batch
+
+MASK_PROB = 0.15
+
+
+def require_mlm_head(model: nn.Module, tokenizer) -> None:
+    """Raise a ``ValueError`` unless ``model`` has a masked-LM head and ``tokenizer`` a mask token."""
+    if model.get_output_embeddings() is None:
+        raise ValueError(
+            f"task 'mlm' needs a model with a masked-LM head (AutoModelForMaskedLM), but {type(model).__name__} "
+            f"has none; load the model or checkpoint with AutoModelForMaskedLM (a checkpoint saved without its "
+            f"MLM head cannot be scored on 'mlm')"
+        )
+    if tokenizer.mask_token_id is None:
+        raise ValueError(f"task 'mlm' needs a tokenizer with a mask token; {type(tokenizer).__name__} has none")
+
+
+def mask_positions(enc: Encoded, tokenizer, seed: int) -> list[torch.Tensor]:
+    """Per example, a bool (n_i,) tensor of the positions to mask (seeded, >= 1 per example when possible)."""
+    generator = torch.Generator().manual_seed(seed)
+    special = torch.tensor(sorted(set(tokenizer.all_special_ids)), dtype=torch.long)
+    out = []
+    for ids in enc.ids:
+        candidates = ~torch.isin(ids, special)  # (n_i,)
+        chosen = (torch.rand(len(ids), generator=generator) < MASK_PROB) & candidates
+        if not chosen.any() and candidates.any():
+            pick = candidates.nonzero()[torch.randint(int(candidates.sum()), (1,), generator=generator)]
+            chosen[pick] = True
+        out.append(chosen)
+    return out
+
+
+@torch.inference_mode()
+def masked_nll(
+    model: nn.Module, tokenizer, enc: Encoded, seed: int, batch_size: int, device, progress: bool = True
+) -> tuple[float, int]:
+    """(sum of masked-token NLL in nats, number of masked tokens)."""
+    model.eval()
+    masks = mask_positions(enc, tokenizer, seed)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    total, count = 0.0, 0
+    for index in tqdm(length_batches(enc.lengths, batch_size), desc="mlm", disable=not progress, leave=False):
+        batch = pad_batch(enc, index, pad_id)
+        chosen = torch.zeros_like(batch["input_ids"], dtype=torch.bool)  # (B, N)
+        for r, i in enumerate(index):
+            chosen[r, : len(masks[i])] = masks[i]
+        target = batch["input_ids"][chosen]  # (M,)
+        inputs = batch["input_ids"].masked_fill(chosen, tokenizer.mask_token_id)
+        kwargs = {"input_ids": inputs.to(device), "attention_mask": batch["attention_mask"].to(device)}
+        if "token_type_ids" in batch:
+            kwargs["token_type_ids"] = batch["token_type_ids"].to(device)
+        logits = model(**kwargs).logits  # (B, N, V)
+        logp = torch.log_softmax(logits[chosen.to(device)].float(), dim=-1)  # (M, V)
+        total -= float(logp.gather(-1, target.to(device)[:, None]).sum())
+        count += int(target.numel())
+    return total, count

@@ -1,0 +1,150 @@
+"""Head rankings: which heads to make constant first (paper 3.2 and 5.4).
+
+A ``Ranking`` orders every head of the model globally, across layers, from the first to replace to
+the last; ``--fraction f`` takes the first ``round(f * total)`` heads. Methods:
+
+- ``lambda`` (paper 3.2): learned mixing weights, smallest lambda first (see ``lambda_rank.py``);
+- ``reversed-lambda``: largest lambda first (the paper's "Reversed");
+- ``variance``: the label-free input-dependence score from calibration, lowest first;
+- ``first-to-last`` / ``last-to-first``: layer order, in-layer head order inside;
+- ``random``: a seeded permutation.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import math
+import random
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from . import __version__
+
+METHODS = ("lambda", "reversed-lambda", "variance", "first-to-last", "last-to-first", "random")
+LABEL_FREE_METHODS = ("variance", "first-to-last", "last-to-first", "random")
+
+
+def check_method(method: str) -> str:
+    """ValueError with a suggestion for an unknown method name."""
+    if method in METHODS:
+        return method
+    close = difflib.get_close_matches(method, METHODS, n=1)
+    hint = f" Did you mean {close[0]!r}?" if close else ""
+    raise ValueError(f"unknown ranking method {method!r}; choose one of {', '.join(METHODS)}.{hint}")
+
+
+def check_fraction(fraction: float) -> float:
+    """ValueError unless ``0 <= fraction <= 1``."""
+    if not isinstance(fraction, (int, float)) or math.isnan(fraction) or not 0.0 <= fraction <= 1.0:
+        raise ValueError(f"--fraction must be between 0 and 1 (the share of heads made constant), got {fraction}")
+    return float(fraction)
+
+
+@dataclass
+class Ranking:
+    """Every head of a model, in the order they are made constant.
+
+    Attributes:
+        method: how the order was made.
+        order: ``[[layer, head], ...]``, first to replace first.
+        num_layers, num_heads: the model shape the ranking belongs to.
+        scores: per-head score aligned with ``order`` (lambda or variance), or ``None``.
+        provenance: task, data, seed, steps, source model, library version.
+    """
+
+    method: str
+    order: list[list[int]]
+    num_layers: int
+    num_heads: int
+    scores: list[float] | None = None
+    provenance: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        self.order = [[int(layer), int(head)] for layer, head in self.order]
+        expected = {(layer, head) for layer in range(self.num_layers) for head in range(self.num_heads)}
+        if {tuple(x) for x in self.order} != expected or len(self.order) != len(expected):
+            raise ValueError(
+                f"a ranking must list every one of the {len(expected)} heads ({self.num_layers} layers x "
+                f"{self.num_heads} heads) exactly once"
+            )
+
+    @property
+    def total(self) -> int:
+        return len(self.order)
+
+    def count(self, fraction: float) -> int:
+        """How many heads ``fraction`` makes constant: round half up of ``fraction * total``."""
+        return int(math.floor(check_fraction(fraction) * self.total + 0.5))
+
+    def select(self, fraction: float) -> list[list[int]]:
+        """The heads made constant at ``fraction``, sorted by (layer, head)."""
+        return sorted(self.order[: self.count(fraction)])
+
+    def check_compatible(self, config) -> None:
+        """ValueError unless the ranking was made for a model of this shape."""
+        from .architectures import num_heads_layers
+
+        heads, layers = num_heads_layers(config)
+        if (layers, heads) != (self.num_layers, self.num_heads):
+            raise ValueError(
+                f"the ranking is for {self.num_layers} layers x {self.num_heads} heads but the model has "
+                f"{layers} x {heads}; rank heads for this model"
+            )
+
+    def save(self, path: str | Path) -> Path:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"format": "papa-ranking", **asdict(self)}, indent=2) + "\n")
+        return path
+
+    @classmethod
+    def load(cls, path: str | Path) -> Ranking:
+        path = Path(path)
+        try:
+            data = json.loads(path.read_text())
+        except FileNotFoundError:
+            raise ValueError(f"ranking file {str(path)!r} does not exist") from None
+        except json.JSONDecodeError as err:
+            raise ValueError(f"ranking file {str(path)!r} is not JSON: {err}") from None
+        if data.pop("format", None) != "papa-ranking":
+            raise ValueError(f"{str(path)!r} is not a papa-surgery ranking (make one with papa-surgery rank)")
+        return cls(**data)
+
+
+def order_by_scores(scores, ascending: bool = True) -> tuple[list[list[int]], list[float]]:
+    """Global order of a (layers, heads) score table; ties break by (layer, head)."""
+    flat = [
+        (float(scores[layer][head]), layer, head) for layer in range(len(scores)) for head in range(len(scores[layer]))
+    ]
+    flat.sort(key=lambda t: ((t[0] if ascending else -t[0]), t[1], t[2]))
+    return [[layer, head] for _, layer, head in flat], [s for s, _, _ in flat]
+
+
+def label_free_ranking(method: str, num_layers: int, num_heads: int, constants=None, seed: int = 0) -> Ranking:
+    """A ranking that needs no labels: variance, first-to-last, last-to-first, random."""
+    check_method(method)
+    prov = {"papa_surgery_version": __version__}
+    scores = None
+    if method == "variance":
+        if constants is None or constants.variance is None:
+            raise ValueError("the variance ranking needs calibrated (average) constants with their variance scores")
+        order, scores = order_by_scores(constants.variance.tolist())
+        prov.update(corpus=constants.metadata.get("corpus"), source_model=constants.metadata.get("source_model"))
+    elif method in ("first-to-last", "last-to-first"):
+        layers = range(num_layers) if method == "first-to-last" else reversed(range(num_layers))
+        order = [[layer, head] for layer in layers for head in range(num_heads)]
+    elif method == "random":
+        order = [[layer, head] for layer in range(num_layers) for head in range(num_heads)]
+        random.Random(seed).shuffle(order)
+        prov["seed"] = seed
+    else:
+        raise ValueError(f"the {method!r} ranking is learned on a labelled task: pass --task (see papa-surgery rank)")
+    return Ranking(method, order, num_layers, num_heads, scores, prov)
+
+
+def reversed_ranking(ranking: Ranking) -> Ranking:
+    """``reversed-lambda``: the lambda ranking read from the largest lambda down."""
+    scores = None if ranking.scores is None else list(reversed(ranking.scores))
+    prov = {**ranking.provenance, "reversed_from": ranking.method}
+    return Ranking("reversed-" + ranking.method, list(reversed(ranking.order)), ranking.num_layers, ranking.num_heads, scores, prov)

