@@ -68,7 +68,7 @@ class _Accumulator:
             if target.device.type == "cpu":  # sequential on CPU: one deterministic scatter
                 target.index_add_(1, torch.cat(cells), torch.cat(parts, dim=1))
             else:  # cells are distinct within a layout, so each scatter is free of races
-                for idx, part in zip(cells, parts):
+                for idx, part in zip(cells, parts, strict=True):
                     target.index_add_(1, idx, part)
 
     def reduce(self) -> None:

@@ -13,7 +13,7 @@ import statistics
 from collections import defaultdict
 from pathlib import Path
 
-from .inspect_checkpoint import CONSTANTS_SUFFIX, describe, format_coverage, is_hub_id
+from .inspect_checkpoint import CONSTANTS_SUFFIX, describe, format_coverage
 
 TEMPLATE = Path(__file__).resolve().parents[1] / "cards" / "papa_model_card.md"
 IMAGE_NAME = "papa_constants.png"
@@ -113,6 +113,8 @@ def write_heatmap(checkpoint_dir, max_heads: int = 4, out_name: str = IMAGE_NAME
             for i, head in enumerate(heads[: values.shape[0]]):
                 picked.append((f"layer {layer}, head {head}", values[i]))
     picked = _spread(picked, max_heads)
+    if not picked:
+        return None
     fig, axes = plt.subplots(1, len(picked), figsize=(3.2 * len(picked), 3.2), squeeze=False)
     for ax, (title, matrix) in zip(axes[0], picked, strict=True):
         image = ax.imshow(matrix, cmap="viridis", interpolation="nearest")
@@ -171,7 +173,7 @@ def render_card(
     source = d["source_model"]
     tags = ["papa", "attention-free", "constant-attention", d["family"], "model-surgery"]
     card_data = ModelCardData(
-        base_model=source if is_hub_id(source) else None,
+        base_model=d["base_model"],
         library_name="transformers",
         license=d["license"],
         datasets=d["datasets"] or None,
@@ -192,7 +194,7 @@ def render_card(
         template_path=str(_template_path()),
         title=f"{name} with PAPA constant attention ({_percent(fraction)} of heads constant)",
         source_model=source,
-        source_link=f"[{source}](https://huggingface.co/{source})" if is_hub_id(source) else f"`{source}`",
+        source_link=f"[{source}](https://huggingface.co/{d['base_model']})" if d["base_model"] else f"`{source}`",
         family=d["family"],
         architectures=", ".join(d["architectures"]) or "-",
         num_constant_heads=d["num_constant_heads"],

@@ -88,7 +88,9 @@ class Constants:
     def from_kind(cls, kind: str, num_layers: int, num_heads: int, max_length: int, **metadata) -> Constants:
         """Data-free constants of one kind for every layer and head."""
         if kind == "average":
-            raise ValueError("'average' constants come from calibrate(); data-free kinds: " + ", ".join(DATA_FREE_KINDS))
+            raise ValueError(
+                "'average' constants come from calibrate(); data-free kinds: " + ", ".join(DATA_FREE_KINDS)
+            )
         mat = _kind_matrix(kind, max_length)
         values = mat.expand(num_layers, num_heads, max_length, max_length).clone()
         return cls(values, kind, max_length, metadata={"papa_surgery_version": __version__, **metadata})
@@ -177,4 +179,3 @@ class Constants:
 def _model_name(name: str) -> str:
     """Compare sources by their last path component, so a local copy of a Hub model still matches."""
     return str(name).rstrip("/").split("/")[-1] if name else name
-

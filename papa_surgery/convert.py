@@ -33,7 +33,9 @@ def normalize_heads(heads, num_layers: int, num_heads: int) -> list[list[int]]:
     for item in heads or []:
         layer, head = (int(x) for x in item)
         if not (0 <= layer < num_layers and 0 <= head < num_heads):
-            raise ValueError(f"head [{layer}, {head}] does not exist in a model of {num_layers} layers x {num_heads} heads")
+            raise ValueError(
+                f"head [{layer}, {head}] does not exist in a model of {num_layers} layers x {num_heads} heads"
+            )
         out.add((layer, head))
     return [list(x) for x in sorted(out)]
 
@@ -114,9 +116,23 @@ def convert(
                 values = constants.values[layer, module.papa_const]  # (Hc, L, L)
                 module.papa_constants.copy_(values.to(module.papa_constants.device, store))
     papa.__class__ = MODEL_CLASSES[family.model_type][auto_class]
+    _register_output_recording(papa)
     config.architectures = [papa.__class__.__name__]
     config.auto_map = auto_map(family)
     return papa.eval()
+
+
+def _register_output_recording(model) -> None:
+    """Let transformers record attentions/hidden states for the swapped-in class.
+
+    transformers registers ``_can_record_outputs`` per class name when a model is constructed; a model whose
+    class was switched in place is unknown there and ``output_attentions=True`` would return ``None``.
+    """
+    try:
+        from transformers.utils.output_capturing import _CAN_RECORD_REGISTRY
+    except ImportError:  # older transformers record outputs without a registry
+        return
+    _CAN_RECORD_REGISTRY[model] = model._can_record_outputs
 
 
 def auto_map(family) -> dict[str, str]:

@@ -157,8 +157,7 @@ def _from_path_or_spec(src: str, pairs: bool, max_examples, columns) -> Corpus:
     if len(parts) in (3, 4) and "/" not in parts[-1]:
         return _from_hub_spec(parts, pairs, max_examples)
     raise ValueError(
-        f"corpus {src!r} is not a file, a folder or a Hub spec name[:config]:split:column "
-        f"(e.g. {DEFAULT_HUB_CORPUS})"
+        f"corpus {src!r} is not a file, a folder or a Hub spec name[:config]:split:column (e.g. {DEFAULT_HUB_CORPUS})"
     )
 
 

@@ -82,12 +82,11 @@ def encode(
     budget_a = half - before
     budget_b = max_length - half - middle - after
     if budget_a < 1 or budget_b < 1:
-        raise ValueError(f"max_length={max_length} leaves no room for a sentence pair; use at least {2 * (before + middle + after + 1)}")
+        need = 2 * (before + middle + after + 1)
+        raise ValueError(f"max_length={max_length} leaves no room for a sentence pair; use at least {need}")
     firsts = [_cut(tokenizer, a, budget_a) for a, _ in examples]
     seconds = [_cut(tokenizer, b, budget_b) for _, b in examples]
-    return tokenizer(
-        firsts, seconds, padding=True, return_tensors="pt", return_offsets_mapping=return_offsets_mapping
-    )
+    return tokenizer(firsts, seconds, padding=True, return_tensors="pt", return_offsets_mapping=return_offsets_mapping)
 
 
 def model_inputs(model, enc) -> dict:

@@ -30,9 +30,7 @@ def validate_checkpoint(checkpoint_dir) -> dict:
     if missing:
         fix = " (write the model card with papa_surgery.card.write_card)" if missing == ["README.md"] else ""
         raise ValueError(f"{folder} is not a complete PAPA checkpoint: missing {', '.join(missing)}{fix}")
-    if not d["constant_heads"] and not d["constants"]:
-        pass  # fraction 0 is a valid checkpoint (the source model exactly)
-    elif not d["constants"]:
+    if d["constant_heads"] and not d["constants"]:  # fraction 0 (no constants at all) is valid
         raise ValueError(f"{folder}/model.safetensors has no *papa_constants tensors although heads are constant")
     return d
 

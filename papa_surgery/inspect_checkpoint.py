@@ -61,6 +61,16 @@ def read_recipe(folder: Path) -> dict:
     return json.loads(path.read_text(encoding="utf-8"))
 
 
+def base_model_id(source: dict, name: str | None) -> str | None:
+    """The Hub id to declare as ``base_model``: ``source.hub_id``, else a ``namespace/name`` source."""
+    hub_id = source.get("hub_id")
+    if hub_id and is_hub_id(hub_id):
+        return hub_id
+    if name and "/" in name and is_hub_id(name) and not Path(name).exists():
+        return name
+    return None
+
+
 def is_hub_id(name: str | None) -> bool:
     """Whether ``name`` looks like a Hub repo id (``org/name`` or ``name``), not a local path."""
     return bool(name) and bool(_HUB_ID.match(name)) and not name.startswith((".", "/")) and ".." not in name
@@ -98,6 +108,11 @@ def constants_header(folder: Path) -> dict[str, list[int]]:
 def hub_datasets(corpus: dict) -> list[str]:
     """Hub datasets a calibration corpus came from (``hub_dataset`` or a ``name[:config]:split:column`` spec)."""
     names = []
+    description = str(corpus.get("description") or "")
+    if description.startswith("Hub dataset "):  # corpus.load_corpus's description of a Hub spec
+        spec = description[len("Hub dataset ") :].split()[0]
+        if is_hub_id(spec.split(":")[0]):
+            names.append(spec.split(":")[0])
     for key in ("hub_dataset", "dataset", "spec", "source"):
         value = corpus.get(key)
         if not isinstance(value, str) or not value:
@@ -141,6 +156,7 @@ def describe(folder) -> dict:
         "pipeline_tag": pipeline_tag_for(config.get("architectures")),
         "source_model": config.get("papa_source_model") or source.get("model"),
         "source_revision": source.get("revision"),
+        "base_model": base_model_id(source, config.get("papa_source_model") or source.get("model")),
         "license": source.get("license") or recipe.get("license"),
         "num_layers": num_layers,
         "num_heads": num_heads,
@@ -236,4 +252,7 @@ def format_coverage(coverage) -> str:
                 value = f"[{len(value)} values]" if len(value) > 8 else value
             parts.append(f"{key} {value}")
         return ", ".join(parts)
+    if isinstance(coverage, list) and coverage and all(isinstance(v, (int, float)) for v in coverage):
+        seen = sum(1 for v in coverage if v > 0)
+        return f"{seen} of {len(coverage)} slots seen, min {min(coverage)}, max {max(coverage)} examples per slot"
     return str(coverage)

@@ -147,4 +147,6 @@ def reversed_ranking(ranking: Ranking) -> Ranking:
     """``reversed-lambda``: the lambda ranking read from the largest lambda down."""
     scores = None if ranking.scores is None else list(reversed(ranking.scores))
     prov = {**ranking.provenance, "reversed_from": ranking.method}
-    return Ranking("reversed-" + ranking.method, list(reversed(ranking.order)), ranking.num_layers, ranking.num_heads, scores, prov)
+    return Ranking(
+        "reversed-" + ranking.method, list(reversed(ranking.order)), ranking.num_layers, ranking.num_heads, scores, prov
+    )

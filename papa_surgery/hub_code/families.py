@@ -159,6 +159,5 @@ def family_for(model_type: str) -> Family:
     if model_type in PAPA_MODEL_TYPES:
         return PAPA_MODEL_TYPES[model_type]
     raise ValueError(
-        f"unsupported architecture model_type={model_type!r}; papa-surgery supports: "
-        f"{', '.join(sorted(FAMILIES))}"
+        f"unsupported architecture model_type={model_type!r}; papa-surgery supports: {', '.join(sorted(FAMILIES))}"
     )

@@ -70,9 +70,16 @@ class PapaHeadsMixin:
         self.__dict__["papa_context"] = context
         if self.papa_const:
             weight = self._papa_reference_weight()
-            data = torch.zeros(len(self.papa_const), max_length, max_length, dtype=constants_dtype, device=weight.device)
-            # (Hc, L, L) constant attention of this layer's constant heads, in head order.
-            self.papa_constants = nn.Parameter(data, requires_grad=trainable)
+            data = torch.zeros(
+                len(self.papa_const), max_length, max_length, dtype=constants_dtype, device=weight.device
+            )
+            # (Hc, L, L) constant attention of this layer's constant heads, in head order. Frozen constants
+            # are a persistent buffer, so no optimizer or weight loading can ever make them trainable; the
+            # paper's "labeled" matrices (papa_trainable_constants) are a parameter under the same name.
+            if trainable:
+                self.papa_constants = nn.Parameter(data)
+            else:
+                self.register_buffer("papa_constants", data, persistent=True)
         else:
             self.papa_constants = None
         self.papa_lambda_logits = None
@@ -152,7 +159,9 @@ class PapaHeadsMixin:
         if not self.papa_kept:
             return const_w
         if kept_w is None:  # sdpa/flash give no weights for kept heads
-            kept_w = torch.full((shape[0], len(self.papa_kept), shape[2], shape[2]), float("nan"), device=const_w.device)
+            kept_w = torch.full(
+                (shape[0], len(self.papa_kept), shape[2], shape[2]), float("nan"), device=const_w.device
+            )
         return self._papa_merge(kept_w.to(const_w.dtype), const_w, (shape[0], shape[1], shape[2], shape[2]))
 
     def _papa_shrink_linear(self, name: str) -> None:
@@ -275,7 +284,13 @@ class DebertaV2AttentionMixin(PapaHeadsMixin):
         self.num_attention_heads = len(self.papa_kept)
 
     def forward(
-        self, hidden_states, attention_mask, output_attentions=False, query_states=None, relative_pos=None, rel_embeddings=None
+        self,
+        hidden_states,
+        attention_mask,
+        output_attentions=False,
+        query_states=None,
+        relative_pos=None,
+        rel_embeddings=None,
     ):
         from transformers.models.deberta_v2.modeling_deberta_v2 import scaled_size_sqrt
 
@@ -347,7 +362,13 @@ class DebertaAttentionMixin(PapaHeadsMixin):
         self.num_attention_heads = len(self.papa_kept)
 
     def forward(
-        self, hidden_states, attention_mask, output_attentions=False, query_states=None, relative_pos=None, rel_embeddings=None
+        self,
+        hidden_states,
+        attention_mask,
+        output_attentions=False,
+        query_states=None,
+        relative_pos=None,
+        rel_embeddings=None,
     ):
         from transformers.models.deberta.modeling_deberta import scaled_size_sqrt
 

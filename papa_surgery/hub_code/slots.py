@@ -88,8 +88,7 @@ def _check_fits(n_real: torch.Tensor, first_mid: torch.Tensor, is_pair: torch.Te
     if bool(too_long.any()):
         worst = int(n_real.max())
         raise ValueError(
-            f"input has {worst} tokens but the constant attention covers only papa_max_length={max_length} "
-            f"slots; {fix}"
+            f"input has {worst} tokens but the constant attention covers only papa_max_length={max_length} slots; {fix}"
         )
     if bool(first_too_long.any()):
         worst = int(first_mid[first_too_long].max())

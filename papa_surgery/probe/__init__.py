@@ -8,10 +8,11 @@ A leaf package: it knows nothing of ranking or conversion. Entry point: :func:`p
 
 from .data import Split, load_split
 from .heads import SentenceProbe, TokenProbe, build_head
-from .run import probe, slot_count
+from .run import FeatureCache, probe, slot_count
 from .tasks import TASKS, HubSource, LocalSource, Task, get_task
 
 __all__ = [
+    "FeatureCache",
     "TASKS",
     "HubSource",
     "LocalSource",

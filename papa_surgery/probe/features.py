@@ -177,7 +177,7 @@ class FeatureStore:
         offsets = torch.tensor([0, *self.enc.lengths]).cumsum(0)  # (n+1,)
         packed = torch.zeros(int(offsets[-1]) + 1, self.num_layers, self.hidden)  # (T+1, Ly, H); last row = padding
         batches = length_batches(self.enc.lengths, batch_size)
-        rank, world = _dist_info()
+        rank, world = dist_info()
         mine = batches[rank::world]
         results = []
         for index in tqdm(mine, desc=desc, disable=not progress or rank != 0, leave=False):
@@ -206,7 +206,7 @@ class FeatureStore:
         return self.features[rows].to(self.device), slots.to(self.device)
 
 
-def _dist_info() -> tuple[int, int]:
+def dist_info() -> tuple[int, int]:
     dist = torch.distributed
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()

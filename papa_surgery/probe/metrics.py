@@ -8,6 +8,7 @@ Sentence metrics take flat label/prediction index lists; token metrics take one 
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Sequence
 
 
@@ -31,7 +32,9 @@ def matthews(labels: Sequence[int], preds: Sequence[int]) -> float:
     from sklearn.metrics import matthews_corrcoef
 
     _same_length(labels, preds)
-    return float(matthews_corrcoef(list(labels), list(preds)))
+    with warnings.catch_warnings():  # a single class in both lists: sklearn warns and returns 0
+        warnings.simplefilter("ignore", UserWarning)
+        return float(matthews_corrcoef(list(labels), list(preds)))
 
 
 def entity_f1(labels: Sequence[Sequence[str]], preds: Sequence[Sequence[str]]) -> float:

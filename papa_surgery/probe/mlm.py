@@ -4,7 +4,8 @@ Each example masks a seeded 15% of its non-special tokens (at least one) at once
 token, and the score is minus the mean negative log-likelihood of the original tokens at those
 positions (the paper's "negative log perplexity", higher is better). Masking 15% at once, rather than
 one token at a time (the strict pseudo-perplexity), costs one forward pass per example. Positions
-whose original token is the unknown token are never masked.
+whose original token is the unknown token are never masked. Each text (a WikiText paragraph) is cut to
+the slot count (App. B: 128 tokens); only its first ``max_length`` tokens are scored.
 """
 
 from __future__ import annotations

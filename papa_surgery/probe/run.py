@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from .data import load_split
-from .features import FeatureStore, backbone_of, encode_split
+from .features import FeatureStore, backbone_of, dist_info, encode_split
 from .heads import build_head
 from .metrics import neg_log_perplexity, perplexity, score
 from .mlm import masked_nll, require_mlm_head
@@ -27,6 +27,27 @@ from .tasks import MLM, Task, get_task
 from .train import predict, train_head
 
 DEFAULT_CACHE_GB = 4.0
+
+
+class FeatureCache:
+    """Tokenised splits and their hidden states, kept across ``probe()`` calls on the same model.
+
+    Entries are keyed by the model object and (task, split, data source, slot count); the caller must not
+    change the model's weights while it shares a cache (make a new cache, or :meth:`clear` it, after).
+    """
+
+    def __init__(self):
+        self._stores: dict = {}
+
+    def get(self, model: nn.Module, key: tuple) -> FeatureStore | None:
+        entry = self._stores.get((id(model), key))
+        return entry[1] if entry is not None and entry[0] is model else None
+
+    def put(self, model: nn.Module, key: tuple, store: FeatureStore) -> None:
+        self._stores[(id(model), key)] = (model, store)
+
+    def clear(self) -> None:
+        self._stores.clear()
 
 
 def slot_count(model: nn.Module, task: Task, max_length: int | None = None) -> int:
@@ -61,6 +82,7 @@ def probe(
     device=None,
     progress: bool = True,
     cache_gb: float = DEFAULT_CACHE_GB,
+    reuse: FeatureCache | None = None,
 ) -> dict:
     """Train the task's probe on the frozen ``model`` and score it on the task's eval split.
 
@@ -76,6 +98,8 @@ def probe(
         device: where to run; default: where the model's parameters are (the model is moved if given).
         progress: tqdm bars (features, each epoch).
         cache_gb: memory budget for cached hidden states; beyond it the backbone runs every batch.
+        reuse: a :class:`FeatureCache` shared by calls on the same, unchanged model (e.g. a sweep's seeds):
+            the tokenisation and hidden states of each split are then computed once.
 
     Returns:
         ``{"task", "metric", "score", "examples", "eval_examples", "steps", "seconds", "seed", "epochs",
@@ -87,6 +111,7 @@ def probe(
     """
     task = get_task(task)
     start = time.perf_counter()
+    progress = progress and dist_info()[0] == 0
     length = slot_count(model, task, max_length)
     if device is not None:
         model.to(device)
@@ -129,10 +154,15 @@ def probe(
             return _finish(result, task, start)
         stores = []
         for name, split in (("train", train_split), ("eval", eval_split)):
-            enc = encode_split(tokenizer, split.texts, split.labels, task.kind, task.pairs, length, sep_id)
-            store = FeatureStore(
-                model, enc, pad_id, device, cache_gb * 2**30, progress=progress, desc=f"{name} features"
-            )
+            key = (task.name, name, split.source, length, sep_id)
+            store = reuse.get(model, key) if reuse is not None else None
+            if store is None:
+                enc = encode_split(tokenizer, split.texts, split.labels, task.kind, task.pairs, length, sep_id)
+                store = FeatureStore(
+                    model, enc, pad_id, device, cache_gb * 2**30, progress=progress, desc=f"{name} features"
+                )
+                if reuse is not None:
+                    reuse.put(model, key, store)
             stores.append(store)
         train_store, eval_store = stores
         backbone = backbone_of(model)

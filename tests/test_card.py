@@ -1,0 +1,154 @@
+"""Model card and inspect: metadata the Hub reads, the body's facts, and a usage snippet that runs as written."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from fake_hub import TINY_SOURCE, build_tiny_checkpoint
+from huggingface_hub import ModelCard
+
+from papa_surgery.card import BIBTEX, IMAGE_NAME, REPO_PLACEHOLDER, render_card, write_card
+from papa_surgery.inspect_checkpoint import describe, format_description
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+COMMAND = "papa-surgery convert papa-tests/tiny-bert --fraction 0.25 --max-length 16 --out tiny-papa"
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    folder, _, tokenizer = build_tiny_checkpoint(tmp_path_factory.mktemp("card") / "tiny-papa")
+    return folder, tokenizer
+
+
+@pytest.fixture
+def folder(built, tmp_path):
+    """A private copy of the checkpoint: tests rewrite its card."""
+    return Path(shutil.copytree(built[0], tmp_path / "tiny-papa"))
+
+
+@pytest.fixture
+def results_file(tmp_path):
+    rows = [
+        {
+            "model": "tiny-papa",
+            "task": "sst2",
+            "fraction": 0.25,
+            "kind": "average",
+            "method": "variance",
+            "seed": s,
+            "metric": "accuracy",
+            "score": 0.80 + 0.01 * s,
+        }
+        for s in range(3)
+    ]
+    rows.append(
+        {
+            "model": "tiny-papa",
+            "task": "sst2",
+            "fraction": 0.0,
+            "kind": "average",
+            "method": "variance",
+            "seed": 0,
+            "metric": "accuracy",
+            "score": 0.85,
+        }
+    )
+    path = tmp_path / "results.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_written_card_metadata_and_body(folder, results_file):
+    path = write_card(folder, results=results_file, command=COMMAND)
+    card = ModelCard.load(path)
+    data = card.data
+    assert data.base_model == TINY_SOURCE
+    assert data.library_name == "transformers"
+    assert {"papa", "attention-free"} <= set(data.tags)
+    assert data.pipeline_tag == "feature-extraction"
+    assert data.license == "apache-2.0"
+    assert data.datasets == ["wikitext"]
+
+    text = card.text
+    assert "2 of its 8 attention heads" in text and "no query and key projections" in text
+    assert "| 0 | · | **C** | · | · |" in text and "| 1 | **C** | · | · | · |" in text  # layer x head grid
+    assert "`average`" in text and "`variance`" in text and "wikitext" in text
+    assert "slots_seen 16" in text  # coverage from the recipe
+    assert COMMAND in text
+    assert "| tiny-papa | sst2 | accuracy | average | variance | 0.25 | 0.8100 ± 0.0100 | 3 |" in text
+    assert "trust_remote_code=True" in text and 'revision = "<commit>"' in text
+    assert BIBTEX.splitlines()[0] in text and "How Much Does Attention Actually Attend" in text
+    assert f"]({IMAGE_NAME})" in text and (folder / IMAGE_NAME).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_card_defaults_and_pipeline_tag_by_architecture(folder):
+    config = json.loads((folder / "config.json").read_text())
+    config["architectures"] = ["PapaBertForMaskedLM"]
+    config["papa_source_model"] = str(folder.parent / "some-local-model")  # a path is not a Hub id
+    (folder / "config.json").write_text(json.dumps(config))
+    (folder / "papa_recipe.json").write_text(json.dumps({"source": {"model": config["papa_source_model"]}}))
+    card = render_card(folder, repo_id="user/tiny-papa", revision="abc123")
+    assert card.data.pipeline_tag == "fill-mask"
+    assert card.data.base_model is None and card.data.license is None
+    assert "AutoModelForMaskedLM.from_pretrained" in card.text
+    assert 'repo = "user/tiny-papa"' in card.text and 'revision = "abc123"' in card.text
+    assert "## Probe results" not in card.text and "(not recorded)" in card.text
+    config["architectures"] = ["PapaBertForSequenceClassification"]
+    (folder / "config.json").write_text(json.dumps(config))
+    assert render_card(folder).data.pipeline_tag == "text-classification"
+
+
+def test_usage_snippet_runs_as_written_against_the_folder(folder, built, tmp_path):
+    card = ModelCard.load(write_card(folder))
+    snippet = re.search(r"## Usage.*?```python\n(.*?)```", card.text, re.S).group(1)
+    assert REPO_PLACEHOLDER in snippet
+    script = snippet.replace(REPO_PLACEHOLDER, str(folder))
+    env = {
+        "PATH": os.environ.get("PATH", ""),
+        "HOME": str(tmp_path),
+        "HF_HOME": str(tmp_path / "hf_home"),
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+    }
+    proc = subprocess.run(
+        [sys.executable, "-I", "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    text = re.search(r'tokenizer\(\["(.*?)"\]', snippet).group(1)
+    n_tokens = len(built[1](text)["input_ids"])
+    assert proc.stdout.strip().splitlines()[-1] == str((1, n_tokens, 32))
+
+
+def test_describe_and_format(folder):
+    d = describe(folder)
+    assert d["family"] == "bert" and d["source_model"] == TINY_SOURCE
+    assert d["constant_heads"] == [[0, 1], [1, 0]] and d["num_heads_total"] == 8 and d["fraction"] == 0.25
+    assert d["grid"] == [[False, True, False, False], [True, False, False, False]]
+    assert d["kind"] == "average" and d["method"] == "variance" and d["max_length"] == 16
+    assert d["corpus"]["examples"] == 64 and d["coverage"]["slots_seen"] == 16
+    assert d["files"]["model.safetensors"] > 0 and d["missing_files"] == []
+    assert {k: v for k, v in d["constants"].items()} == {
+        "encoder.layer.0.attention.self.papa_constants": [1, 16, 16],
+        "encoder.layer.1.attention.self.papa_constants": [1, 16, 16],
+    }
+    assert d["format_version"] == 1 and "transformers" in d["library_versions"]
+    text = format_description(d)
+    assert "2 of 8" in text and "        0  . C . ." in text and "model.safetensors" in text
+
+
+def test_not_a_papa_checkpoint_is_a_clear_error(tmp_path):
+    with pytest.raises(ValueError, match="not a folder"):
+        describe(tmp_path / "missing")
+    with pytest.raises(ValueError, match="no config.json"):
+        describe(tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "bert", "hidden_size": 32}))
+    with pytest.raises(ValueError, match="not a PAPA checkpoint"):
+        write_card(tmp_path)
+    assert not (tmp_path / "README.md").exists()

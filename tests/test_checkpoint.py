@@ -1,0 +1,308 @@
+"""Conversion and the standalone checkpoint: fresh-process round trips, Q/K removal, bad inputs, Trainer."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+from papa_surgery.constants import Constants
+from papa_surgery.convert import convert, save_checkpoint
+from papa_surgery.hub_code.families import FAMILIES
+from papa_surgery.hub_code.modeling_papa import attention_modules
+from papa_surgery.ranking import label_free_ranking
+
+FAMILY_TYPES = sorted(FAMILIES)
+L = 16
+# Layer 0 mixes constant and kept heads; layer 1 is attention-free (no Q/K at all).
+HEADS = [[0, 1], [0, 3], [1, 0], [1, 1], [1, 2], [1, 3]]
+
+LOADER = textwrap.dedent(
+    """
+    import sys
+    sys.modules["papa_surgery"] = None  # the checkpoint must not need the library
+    import json, torch, transformers
+    jobs = json.load(open(sys.argv[1]))
+    for job in jobs:
+        cls = getattr(transformers, job["auto"])
+        model = cls.from_pretrained(job["dir"], trust_remote_code=True, attn_implementation=job["attn"]).eval()
+        inputs = torch.load(job["inputs"])
+        expected = torch.load(job["expected"])
+        with torch.no_grad():
+            out = model(**inputs)
+        got = out[0]
+        diff = (got - expected).abs().max().item()
+        print(job["name"], type(model).__name__, diff)
+        assert type(model).__name__.startswith("Papa"), type(model).__name__
+        assert diff <= 1e-6, (job["name"], diff)
+    print("ALL-OK")
+    """
+)
+
+
+def fresh_python(script: str, *args: str, cwd: Path) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_HOME=str(cwd / "hf_home"))
+    return subprocess.run(
+        [sys.executable, "-I", "-c", script, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=600
+    )
+
+
+def model_inputs(auto: str, tok, model) -> dict:
+    enc = tok(["the cat sat on the mat", "a dog"], ["it was happy", "ran off"], padding=True, return_tensors="pt")
+    enc = {k: v for k, v in enc.items() if k in ("input_ids", "attention_mask", "token_type_ids")}
+    if "token_type_ids" in enc and model.config.model_type.endswith("distilbert"):
+        enc.pop("token_type_ids")
+    if "token_type_ids" in enc and getattr(model.config, "type_vocab_size", 2) < 2:
+        enc.pop("token_type_ids")
+    if auto == "AutoModelForMultipleChoice":
+        enc = {k: v.unsqueeze(1).expand(-1, 2, -1).contiguous() for k, v in enc.items()}
+    return enc
+
+
+def test_round_trip_every_family_and_auto_class_in_fresh_process(tiny, tmp_path):
+    jobs = []
+    for model_type in FAMILY_TYPES:
+        family = FAMILIES[model_type]
+        tok = tiny.tokenizer(model_type)
+        for auto in family.auto_classes:
+            src = tiny.model(model_type, head=auto)
+            heads_per_layer = (
+                src.config.num_attention_heads if hasattr(src.config, "num_attention_heads") else src.config.n_heads
+            )
+            layers = len(attention_modules(src))
+            consts = Constants(torch.rand(layers, heads_per_layer, L, L) + 0.01, "average", L)
+            papa = convert(src, consts, HEADS, tokenizer=tok, fraction=0.75)
+            name = f"{model_type}-{auto}"
+            out = save_checkpoint(papa, tmp_path / name, tokenizer=tok, recipe={"test": True}, card=False)
+            inputs = model_inputs(auto, tok, papa)
+            with torch.no_grad():
+                expected = papa(**inputs)[0]
+            torch.save(inputs, tmp_path / f"{name}.in.pt")
+            torch.save(expected, tmp_path / f"{name}.out.pt")
+            jobs.append(
+                {
+                    "name": name,
+                    "auto": auto,
+                    "attn": papa.config._attn_implementation,
+                    "dir": str(out),
+                    "inputs": str(tmp_path / f"{name}.in.pt"),
+                    "expected": str(tmp_path / f"{name}.out.pt"),
+                }
+            )
+    (tmp_path / "jobs.json").write_text(json.dumps(jobs))
+    result = fresh_python(LOADER, str(tmp_path / "jobs.json"), cwd=tmp_path)
+    assert "ALL-OK" in result.stdout, result.stdout + result.stderr[-4000:]
+    assert len([ln for ln in result.stdout.splitlines() if ln.count(" ") == 2]) == len(jobs)
+
+
+@pytest.mark.parametrize("model_type", FAMILY_TYPES)
+def test_checkpoint_layout_and_weights(tiny, tmp_path, model_type):
+    src = tiny.model(model_type)
+    tok = tiny.tokenizer(model_type)
+    modules = attention_modules(src)
+    h = modules[0].num_attention_heads if hasattr(modules[0], "num_attention_heads") else modules[0].n_heads
+    consts = Constants.from_kind("toeplitz", len(modules), h, L)
+    papa = convert(src, consts, HEADS, tokenizer=tok, dtype="fp16")
+    out = save_checkpoint(papa, tmp_path / "ckpt", tokenizer=tok, recipe={"fraction": 0.75}, card=False)
+    names = {p.name for p in out.iterdir()}
+    for required in (
+        "config.json",
+        "model.safetensors",
+        "modeling_papa.py",
+        "configuration_papa.py",
+        "papa_recipe.json",
+    ):
+        assert required in names
+    assert not any(n.endswith((".bin", ".pt", ".pkl")) for n in names)
+    config = json.loads((out / "config.json").read_text())
+    assert config["model_type"] == f"papa_{model_type}"
+    assert config["papa_constant_heads"] == HEADS
+    assert config["papa_constants_dtype"] == "float16"
+    assert set(config["auto_map"]) >= {"AutoConfig", "AutoModel", "AutoModelForMaskedLM"}
+    from safetensors import safe_open
+
+    with safe_open(str(out / "model.safetensors"), "pt") as f:
+        keys = list(f.keys())
+        consts_keys = [k for k in keys if k.endswith("papa_constants")]
+        # Only constant heads store constants: 2 in layer 0, 4 in layer 1.
+        shapes = sorted(tuple(f.get_tensor(k).shape) for k in consts_keys)
+        assert shapes == [(2, L, L), (4, L, L)]
+        assert all(f.get_tensor(k).dtype == torch.float16 for k in consts_keys)
+    # The all-constant layer 1 has no query/key weights at all; layer 0 keeps 2 of 4 heads' rows.
+    family = FAMILIES[model_type]
+    layer1 = [k for k in keys if (".1." in k or "layer.1." in k) and ("attention" in k or "attn" in k)]
+    q_names = {family.q, family.k, "pos_proj", "pos_q_proj", "pos_key_proj", "pos_query_proj"}
+    if model_type != "deberta":
+        assert not any(f".{q}." in k for k in layer1 for q in q_names), layer1
+    m0 = attention_modules(papa)[0]
+    if model_type == "deberta":
+        assert m0.in_proj.weight.shape[0] == 2 * 3 * m0.papa_head_dim
+        assert attention_modules(papa)[1].in_proj is None
+    else:
+        assert getattr(m0, family.q).weight.shape[0] == 2 * m0.papa_head_dim
+        assert getattr(attention_modules(papa)[1], family.q) is None
+
+
+@pytest.mark.real
+def test_real_minilm_half_converted_round_trip(minilm_path, tmp_path):
+    from transformers import AutoModel, AutoTokenizer
+
+    from papa_surgery.calibrate import calibrate
+    from papa_surgery.corpus import default_corpus
+
+    src = AutoModel.from_pretrained(minilm_path).eval()
+    tok = AutoTokenizer.from_pretrained(minilm_path)
+    consts = calibrate(src, tok, default_corpus(max_examples=48), max_length=64, progress=False)
+    ranking = label_free_ranking("variance", 6, 12, consts)
+    heads = ranking.select(0.5)
+    assert len(heads) == 36
+    papa = convert(src, consts, heads, tokenizer=tok, method="variance", fraction=0.5)
+    enc = tok(
+        ["Constant attention is cheap.", "A second, longer sentence to pad the first one."],
+        padding=True,
+        return_tensors="pt",
+    )
+    with torch.no_grad():
+        expected = papa(**enc).last_hidden_state
+        source = src(**enc).last_hidden_state
+    assert (expected - source).abs().max() > 1e-3  # half the heads really changed
+    out = save_checkpoint(papa, tmp_path / "minilm-papa", tokenizer=tok, recipe={}, card=False)
+    torch.save(dict(enc), tmp_path / "in.pt")
+    torch.save(expected, tmp_path / "out.pt")
+    job = [
+        {
+            "name": "minilm",
+            "auto": "AutoModel",
+            "attn": papa.config._attn_implementation,
+            "dir": str(out),
+            "inputs": str(tmp_path / "in.pt"),
+            "expected": str(tmp_path / "out.pt"),
+        }
+    ]
+    (tmp_path / "jobs.json").write_text(json.dumps(job))
+    result = fresh_python(LOADER, str(tmp_path / "jobs.json"), cwd=tmp_path)
+    assert "ALL-OK" in result.stdout, result.stdout + result.stderr[-3000:]
+    size_src = (Path(minilm_path) / "model.safetensors").stat().st_size
+    assert (out / "model.safetensors").stat().st_size < size_src  # Q/K of 36 heads are gone
+
+
+def test_no_constant_heads_equals_source(tiny):
+    src = tiny.model("bert")
+    tok = tiny.tokenizer("bert")
+    papa = convert(src, Constants.from_kind("uniform", 2, 4, L), [], tokenizer=tok)
+    enc = tok(["the cat sat", "a dog ran off far away"], padding=True, return_tensors="pt")
+    with torch.no_grad():
+        assert torch.allclose(papa(**enc).last_hidden_state, src(**enc).last_hidden_state, atol=1e-6)
+
+
+# --- bad inputs -------------------------------------------------------------------------------------------------
+
+
+def test_bad_inputs_are_clear_errors(tiny, tmp_path):
+    src = tiny.model("bert")
+    tok = tiny.tokenizer("bert")
+    good = Constants.from_kind("identity", 2, 4, L)
+    with pytest.raises(ValueError, match="3 layers x 4 heads but the model has 2 x 4"):
+        convert(src, Constants.from_kind("identity", 3, 4, L), [[0, 0]])
+    other = Constants.from_kind("identity", 2, 4, L, source_model="roberta-base")
+    with pytest.raises(ValueError, match="calibrated on 'roberta-base'"):
+        convert(src, other, [[0, 0]], source_name="bert-tiny")
+    with pytest.raises(ValueError, match="NaN or inf"):
+        Constants(torch.full((2, 4, L, L), float("nan")), "average", L)
+    with pytest.raises(ValueError, match="does not exist in a model"):
+        convert(src, good, [[5, 0]])
+    ranking = label_free_ranking("first-to-last", 2, 4)
+    for bad in (-0.1, 1.5, float("nan")):
+        with pytest.raises(ValueError, match="between 0 and 1"):
+            ranking.select(bad)
+    assert ranking.select(0) == [] and len(ranking.select(1)) == 8
+    from transformers import GPT2Config, GPT2Model
+
+    gpt2 = GPT2Model(GPT2Config(n_layer=1, n_head=2, n_embd=8, vocab_size=10))
+    with pytest.raises(ValueError, match="unsupported architecture.*bert.*roberta"):
+        convert(gpt2, good, [])
+    papa = convert(src, good, [[0, 0]], tokenizer=tok)
+    with pytest.raises(ValueError, match="papa_max_length=16"):
+        papa(**tok(["word " * 30], return_tensors="pt"))
+    with pytest.raises(ValueError, match="first segment of a sentence pair"):
+        papa(**tok(["word " * 12], ["x"], return_tensors="pt"))
+
+
+def test_existing_folder_and_failed_save_leave_nothing_half_written(tiny, tmp_path):
+    src = tiny.model("bert")
+    tok = tiny.tokenizer("bert")
+    papa = convert(src, Constants.from_kind("identity", 2, 4, L), [[0, 0]], tokenizer=tok)
+    out = save_checkpoint(papa, tmp_path / "ckpt", tokenizer=tok, card=False)
+    before = sorted(p.name for p in out.iterdir())
+    with pytest.raises(ValueError, match="already exists; pass --overwrite"):
+        save_checkpoint(papa, out, tokenizer=tok, card=False)
+
+    class Broken:
+        def save_pretrained(self, *_a, **_k):
+            raise OSError("disk full")
+
+    with pytest.raises(OSError, match="disk full"):
+        save_checkpoint(papa, tmp_path / "new", tokenizer=Broken(), card=False)
+    assert not (tmp_path / "new").exists()
+    with pytest.raises(OSError, match="disk full"):
+        save_checkpoint(papa, out, tokenizer=Broken(), overwrite=True, card=False)
+    assert sorted(p.name for p in out.iterdir()) == before  # the old checkpoint is intact
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]  # no temporary folders left
+    save_checkpoint(papa, out, tokenizer=tok, overwrite=True, card=False)
+
+
+def test_output_attentions_returns_constants_used(tiny):
+    src = tiny.model("bert")
+    tok = tiny.tokenizer("bert")
+    consts = Constants.from_kind("toeplitz", 2, 4, L)
+    papa = convert(src, consts, [[0, 2]], tokenizer=tok)
+    enc = tok(["the cat sat on the mat", "a dog"], padding=True, return_tensors="pt")
+    with torch.no_grad():
+        att = papa(**enc, output_attentions=True).attentions[0]  # (B, H, N, N)
+    n = int(enc["attention_mask"][1].sum())
+    slots = list(range(n - 1)) + [L - 1]
+    expected = consts.values[0, 2][slots][:, slots]
+    expected = expected / expected.sum(-1, keepdim=True)
+    assert torch.allclose(att[1, 2, :n, :n], expected, atol=1e-6)
+    assert torch.allclose(att[:, 2].sum(-1)[enc["attention_mask"].bool()], torch.ones(()), atol=1e-6)
+    assert (att[1, 2, :n, n:] == 0).all()
+
+
+def test_trainer_fine_tunes_with_frozen_or_trainable_constants(tiny, tmp_path):
+    from datasets import Dataset
+    from transformers import AutoModelForSequenceClassification, Trainer, TrainingArguments
+
+    src = tiny.model("bert", head="AutoModelForSequenceClassification")
+    tok = tiny.tokenizer("bert")
+    papa = convert(src, Constants.from_kind("toeplitz", 2, 4, L), HEADS, tokenizer=tok)
+    ckpt = save_checkpoint(papa, tmp_path / "ckpt", tokenizer=tok, card=False)
+    texts = ["the cat sat", "a dog ran", "it was good", "bad movie", "the end", "so happy"] * 4
+    data = Dataset.from_dict({"text": texts, "label": [i % 3 for i in range(len(texts))]})
+    data = data.map(lambda b: tok(b["text"], truncation=True, max_length=L), batched=True, remove_columns=["text"])
+
+    for trainable in (False, True):
+        model = AutoModelForSequenceClassification.from_pretrained(
+            ckpt, trust_remote_code=True, num_labels=3, papa_trainable_constants=trainable
+        )
+        consts = {n: p.detach().clone() for n, p in model.named_parameters() if n.endswith("papa_constants")}
+        value = model.bert.encoder.layer[0].attention.self.value.weight.detach().clone()
+        args = TrainingArguments(
+            output_dir=str(tmp_path / f"run{trainable}"),
+            per_device_train_batch_size=4,
+            num_train_epochs=1,
+            learning_rate=1e-2,
+            report_to=[],
+            save_strategy="no",
+            use_cpu=True,
+        )
+        Trainer(model=model, args=args, train_dataset=data, processing_class=tok).train()
+        changed = [not torch.equal(p.detach(), consts[n]) for n, p in model.named_parameters() if n in consts]
+        assert all(changed) if trainable else not any(changed)
+        assert not torch.equal(model.bert.encoder.layer[0].attention.self.value.weight.detach(), value)
