@@ -1,0 +1,268 @@
+"""``papa-surgery``: the command line, a thin click layer over the library (DESIGN.md section 5).
+
+Every command is a short adapter: options come from :mod:`papa_surgery.options`, the work from one
+library call, imported lazily so ``--help`` answers at once. Exit codes: 0 ok, 1 a failed run (one line
+on stderr; the traceback with ``--verbose``), 2 bad usage.
+"""
+
+from __future__ import annotations
+
+import logging
+import shlex
+import sys
+
+import click
+
+from . import __version__
+from .options import (
+    CalibrationOptions,
+    ConvertOptions,
+    PushOptions,
+    RankOptions,
+    RunOptions,
+    click_options,
+    from_kwargs,
+)
+
+
+class PapaGroup(click.Group):
+    """Turns library errors into one clear line and exit code 1."""
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except (click.exceptions.Exit, click.exceptions.Abort, click.ClickException):
+            raise
+        except Exception as err:  # a failed run: one line, no traceback unless --verbose
+            if ctx.obj and ctx.obj.get("verbose"):
+                raise
+            message = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+            click.echo(f"Error: {message}", err=True)
+            sys.exit(1)
+
+
+def _command_line() -> str:
+    return "papa-surgery " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+
+
+def _progress(ctx) -> bool:
+    return not ctx.obj.get("quiet", False)
+
+
+@click.group(cls=PapaGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
+@click.version_option(__version__, prog_name="papa-surgery")
+@click.option("-q", "--quiet", is_flag=True, help="No progress bars or warnings.")
+@click.option("-v", "--verbose", is_flag=True, help="More logging, and full tracebacks on errors.")
+@click.pass_context
+def main(ctx, quiet: bool, verbose: bool):
+    """Replace a pretrained encoder's attention heads with constant matrices (PAPA, Hassid et al. 2022).
+
+    MODEL is a Hub id, a local folder, or `minilm` for the embedded all-MiniLM-L6-v2.
+    """
+    ctx.ensure_object(dict)
+    ctx.obj.update(quiet=quiet, verbose=verbose)
+    level = logging.DEBUG if verbose else logging.ERROR if quiet else logging.WARNING
+    logging.basicConfig(level=level, format="%(levelname)s: %(message)s")
+    if not verbose:
+        import os
+
+        os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+        os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+    if quiet:
+        import os
+
+        os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+
+
+@main.command()
+@click.argument("model")
+@click_options(CalibrationOptions)
+@click_options(RunOptions)
+@click.option("--out", required=True, type=click.Path(dir_okay=False), help="Output constants file (.safetensors).")
+@click.pass_context
+def calibrate(ctx, model, out, **kwargs):
+    """Average every head's attention over an unlabelled corpus (paper 3.1)."""
+    from .pipeline import run_calibrate
+
+    path = run_calibrate(
+        model, from_kwargs(CalibrationOptions, kwargs), from_kwargs(RunOptions, kwargs), out, progress=_progress(ctx)
+    )
+    click.echo(f"wrote {path}")
+
+
+@main.command()
+@click.argument("model")
+@click_options(RankOptions)
+@click.option("--constants", type=click.Path(exists=True, dir_okay=False), help="Constants file (for variance/lambda).")
+@click_options(CalibrationOptions)
+@click_options(RunOptions)
+@click.option("--out", required=True, type=click.Path(dir_okay=False), help="Output ranking file (.json).")
+@click.pass_context
+def rank(ctx, model, constants, out, **kwargs):
+    """Order the heads from first to last to make constant (paper 3.2, 5.4)."""
+    from .pipeline import run_rank
+
+    if not kwargs.get("method"):
+        raise click.UsageError("missing option '--method'")
+    path = run_rank(
+        model,
+        from_kwargs(CalibrationOptions, kwargs),
+        from_kwargs(RankOptions, kwargs),
+        from_kwargs(RunOptions, kwargs),
+        constants,
+        out,
+        progress=_progress(ctx),
+    )
+    click.echo(f"wrote {path}")
+
+
+@main.command()
+@click.argument("model")
+@click_options(ConvertOptions)
+@click_options(CalibrationOptions)
+@click_options(RankOptions)
+@click_options(RunOptions)
+@click.option("--push", "do_push", is_flag=True, help="Publish the checkpoint to the Hub after writing it.")
+@click_options(PushOptions)
+@click.pass_context
+def convert(ctx, model, do_push, **kwargs):
+    """Make a PAPA checkpoint: calibrate, rank, convert, write the folder (and --push it)."""
+    from .pipeline import run_convert
+
+    fraction = kwargs["fraction"]
+    if not 0.0 <= fraction <= 1.0:
+        raise click.BadParameter(
+            f"{fraction} is not between 0 and 1 (the share of heads made constant)", param_hint="'--fraction'"
+        )
+    out = run_convert(
+        model,
+        from_kwargs(CalibrationOptions, kwargs),
+        from_kwargs(RankOptions, kwargs),
+        from_kwargs(ConvertOptions, kwargs),
+        from_kwargs(PushOptions, kwargs),
+        from_kwargs(RunOptions, kwargs),
+        do_push=do_push,
+        command=_command_line(),
+        progress=_progress(ctx),
+    )
+    from .inspect_checkpoint import describe
+
+    d = describe(out)
+    click.echo(f"wrote {out} ({d.get('num_constant_heads', '?')} of {d.get('num_heads_total', '?')} heads constant)")
+
+
+@main.command()
+@click.argument("model_or_dir")
+@click.option(
+    "--task", "tasks", required=True, multiple=True, help="Task(s): sst2, cola, mrpc, mnli, ner, pos, pos-ud, mlm."
+)
+@click.option("--data-dir", help="Read tasks from local files (e.g. ../shared/data) instead of the Hub.")
+@click.option(
+    "--fractions",
+    default="0,0.5,0.875,0.9375,1",
+    show_default=True,
+    help="Comma-separated shares of heads made constant.",
+)
+@click.option("--seeds", default=3, show_default=True, type=click.IntRange(min=1), help="Seeds per cell.")
+@click.option("--kind", "kinds", multiple=True, help="Constant kind(s) (default average).")
+@click.option("--method", "methods", multiple=True, help="Ranking method(s) (default variance).")
+@click.option("--corpus", help="Calibration corpus (default: the task's own unlabelled training text).")
+@click.option("--max-train-examples", type=click.IntRange(min=1), help="Cap training examples per task.")
+@click.option("--max-eval-examples", type=click.IntRange(min=1), help="Cap evaluation examples per task.")
+@click.option("--device", help="Device (cpu, cuda...).")
+@click.option("--batch-size", type=click.IntRange(min=1), help="Override the task's batch size.")
+@click.option("--out", required=True, type=click.Path(dir_okay=False), help="Results file (JSONL, appended).")
+@click.pass_context
+def probe(ctx, model_or_dir, tasks, fractions, kinds, methods, out, **kwargs):
+    """Probe a frozen model over fractions, seeds, kinds and methods (paper 3.3, 4)."""
+    try:
+        values = tuple(float(x) for x in fractions.split(",") if x.strip())
+    except ValueError:
+        raise click.BadParameter(
+            f"{fractions!r} is not a comma-separated list of numbers", param_hint="'--fractions'"
+        ) from None
+    if not values or any(not 0.0 <= v <= 1.0 for v in values):
+        raise click.BadParameter("fractions must lie between 0 and 1", param_hint="'--fractions'")
+    from .pipeline import resolve_model
+    from .sweep import SweepConfig, run_sweep
+
+    options = {k: v for k, v in kwargs.items() if v is not None}
+    seeds = tuple(range(options.pop("seeds")))
+    config = SweepConfig(
+        model=resolve_model(model_or_dir),
+        tasks=tuple(tasks),
+        fractions=values,
+        seeds=seeds,
+        **({"kinds": tuple(kinds)} if kinds else {}),
+        **({"methods": tuple(methods)} if methods else {}),
+        **options,
+    )
+    rows = run_sweep(config, out, progress=_progress(ctx))
+    click.echo(f"{len(rows)} result rows in {out}")
+
+
+@main.command()
+@click.argument("results", type=click.Path(exists=True, dir_okay=False))
+@click.option("--out", required=True, type=click.Path(file_okay=False), help="Folder for tables and figures.")
+@click.option("--constants", type=click.Path(exists=True), help="Constants file or checkpoint for heat maps.")
+def report(results, out, constants):
+    """Tables and figures from a results file (paper Tables 1-2, Figs. 2-5)."""
+    from .report import write_report
+
+    for path in write_report(results, out, constants=constants):
+        click.echo(f"wrote {path}")
+
+
+@main.command("inspect")
+@click.argument("directory", type=click.Path(exists=True, file_okay=False))
+def inspect_(directory):
+    """What a PAPA checkpoint holds: heads, kind, ranking, corpus, sizes."""
+    from .inspect_checkpoint import describe, format_description
+
+    click.echo(format_description(describe(directory)))
+
+
+@main.command()
+@click.argument("directory", type=click.Path(exists=True, file_okay=False))
+@click_options(PushOptions)
+def push(directory, **kwargs):
+    """Publish a checkpoint folder to the Hugging Face Hub in one commit."""
+    from .hub import push as hub_push
+
+    opts = from_kwargs(PushOptions, kwargs)
+    if not opts.repo_id:
+        raise click.UsageError("missing option '--repo-id'")
+    url = hub_push(directory, opts.repo_id, private=opts.private, revision=opts.revision, create_pr=opts.create_pr)
+    click.echo(f"pushed {directory} -> {url}")
+
+
+@main.command()
+@click.argument("model")
+@click.argument("analysis", type=click.Choice(("norms", "effective")))
+@click.option("--corpus", help="Corpus to analyse (as for calibrate). Default: the bundled WikiText-2 excerpt.")
+@click.option("--max-length", default=128, show_default=True, type=click.IntRange(min=4), help="Slots L.")
+@click.option("--max-examples", default=1000, show_default=True, type=click.IntRange(min=1), help="Examples to use.")
+@click.option("--batch-size", default=32, show_default=True, type=click.IntRange(min=1), help="Examples per batch.")
+@click.option("--device", help="Device (cpu, cuda...).")
+@click.option("--out", required=True, type=click.Path(file_okay=False), help="Output folder (JSON + figures).")
+@click.pass_context
+def analyze(ctx, model, analysis, corpus, max_length, max_examples, batch_size, device, out):
+    """Norm-based (Kobayashi 2020) or effective (Brunner 2020) attention analysis."""
+    try:
+        from .analysis import analyze as run_analysis
+    except ImportError:
+        raise RuntimeError("`papa-surgery analyze` is not yet available in this version") from None
+    from .corpus import default_corpus, load_corpus
+    from .pipeline import load_model
+
+    model_obj, tokenizer = load_model(model, RunOptions(device=device, batch_size=batch_size))
+    src = load_corpus(corpus, max_examples=max_examples) if corpus else default_corpus(max_examples=max_examples)
+    paths = run_analysis(
+        model_obj, tokenizer, src, analysis, out, max_length=max_length, batch_size=batch_size, progress=_progress(ctx)
+    )
+    for path in paths or []:
+        click.echo(f"wrote {path}")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

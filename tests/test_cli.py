@@ -1,0 +1,171 @@
+"""The command line, in-process with click's CliRunner on tiny models (and the README demo on the real MiniLM)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from papa_surgery.cli import main
+from papa_surgery.constants import Constants
+from papa_surgery.ranking import Ranking
+
+COMMANDS = ["calibrate", "rank", "convert", "probe", "report", "inspect", "push", "analyze"]
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def runner():
+    return CliRunner()
+
+
+@pytest.fixture
+def corpus(tmp_path):
+    path = tmp_path / "corpus.txt"
+    path.write_text("\n".join(["the cat sat on the mat", "a dog ran off", "it was a good movie", "the end"] * 3))
+    return path
+
+
+@pytest.fixture
+def source(tiny_folder):
+    return str(tiny_folder("bert"))
+
+
+def invoke(runner, *args):
+    result = runner.invoke(main, ["-q", *map(str, args)])
+    return result
+
+
+def test_help_for_every_command(runner):
+    assert runner.invoke(main, ["--help"]).exit_code == 0
+    for command in COMMANDS:
+        result = runner.invoke(main, [command, "--help"])
+        assert result.exit_code == 0, (command, result.output)
+        assert "Usage:" in result.output
+    version = runner.invoke(main, ["--version"])
+    assert version.exit_code == 0 and "papa-surgery, version" in version.output
+
+
+def test_help_is_fast_and_imports_no_torch():
+    code = "import sys; from papa_surgery.cli import main; assert 'torch' not in sys.modules, 'torch imported'"
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+def test_bad_usage_exits_2_naming_the_option(runner, source, tmp_path):
+    result = runner.invoke(main, ["convert", source, "--fraction", "1.5"])
+    assert result.exit_code == 2 and "--fraction" in result.output
+    result = runner.invoke(main, ["convert", source])
+    assert result.exit_code == 2 and "--fraction" in result.output
+    result = runner.invoke(main, ["convert", source, "--fraction", "0.5", "--kind", "bogus"])
+    assert result.exit_code == 2 and "--kind" in result.output
+    result = runner.invoke(main, ["calibrate", source, "--out", str(tmp_path / "c.safetensors"), "--max-length", "x"])
+    assert result.exit_code == 2 and "--max-length" in result.output
+    result = runner.invoke(main, ["probe", source, "--task", "sst2", "--fractions", "0,2", "--out", "r.jsonl"])
+    assert result.exit_code == 2 and "--fractions" in result.output
+    result = runner.invoke(main, ["no-such-command"])
+    assert result.exit_code == 2
+
+
+def test_failed_run_is_one_line_exit_1(runner, tmp_path):
+    from transformers import GPT2Config, GPT2Model
+
+    folder = tmp_path / "gpt2"
+    GPT2Model(GPT2Config(n_layer=1, n_head=2, n_embd=8, vocab_size=10)).save_pretrained(folder)
+    result = runner.invoke(main, ["convert", str(folder), "--fraction", "0.5", "--out", str(tmp_path / "o")])
+    assert result.exit_code == 1
+    assert "unsupported architecture" in result.output and "bert" in result.output
+    assert "Traceback" not in result.output
+    assert not (tmp_path / "o").exists()
+
+
+def test_calibrate_rank_convert_inspect(runner, source, corpus, tmp_path):
+    consts = tmp_path / "c.safetensors"
+    result = invoke(runner, "calibrate", source, "--corpus", corpus, "--max-length", 16, "--out", consts)
+    assert result.exit_code == 0, result.output
+    c = Constants.load(consts)
+    assert c.values.shape == (2, 4, 16, 16) and c.metadata["examples"] == 12
+
+    for method in ("variance", "first-to-last", "random"):
+        out = tmp_path / f"{method}.json"
+        result = invoke(runner, "rank", source, "--method", method, "--constants", consts, "--out", out)
+        assert result.exit_code == 0, result.output
+        assert Ranking.load(out).method == method
+
+    ckpt = tmp_path / "ckpt"
+    result = invoke(
+        runner, "convert", source, "--fraction", 0.5, "--constants", consts, "--ranking", tmp_path / "random.json",
+        "--dtype", "fp16", "--out", ckpt,
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    config = json.loads((ckpt / "config.json").read_text())
+    expected = Ranking.load(tmp_path / "random.json").select(0.5)
+    assert config["papa_constant_heads"] == expected and config["papa_method"] == "random"
+    recipe = json.loads((ckpt / "papa_recipe.json").read_text())
+    assert recipe["command"].startswith("papa-surgery ") and "--fraction 0.5" in recipe["command"]
+    assert (ckpt / "README.md").is_file()
+
+    again = invoke(runner, "convert", source, "--fraction", 0.5, "--constants", consts, "--out", ckpt)
+    assert again.exit_code == 1 and "--overwrite" in again.output
+
+    info = invoke(runner, "inspect", ckpt)
+    assert info.exit_code == 0 and "random" in info.output
+
+
+def test_convert_with_defaults_and_data_free_kind(runner, source, corpus, tmp_path):
+    out = tmp_path / "identity"
+    result = invoke(
+        runner, "convert", source, "--fraction", 1, "--kind", "identity", "--corpus", corpus, "--max-length", 16,
+        "--out", out,
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    config = json.loads((out / "config.json").read_text())
+    assert config["papa_kind"] == "identity" and len(config["papa_constant_heads"]) == 8
+    assert config["papa_method"] == "variance"  # the label-free default
+
+
+def test_rank_needs_a_task_for_lambda(runner, source, tmp_path):
+    result = invoke(runner, "rank", source, "--method", "lambda", "--out", tmp_path / "r.json")
+    assert result.exit_code in (1, 2) and "--task" in result.output
+
+
+def test_push_command_against_fake_hub(runner, tmp_path, monkeypatch):
+    from fake_hub import FakeHub, build_tiny_checkpoint
+    from huggingface_hub import constants
+
+    folder, _, _ = build_tiny_checkpoint(tmp_path / "tiny-papa")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf_home"))
+    monkeypatch.setattr(constants, "HF_TOKEN_PATH", str(tmp_path / "hf_home" / "token"))
+    with FakeHub() as server:
+        monkeypatch.setenv("HF_ENDPOINT", server.endpoint)
+        monkeypatch.setattr(constants, "ENDPOINT", server.endpoint)
+        monkeypatch.delenv("HF_TOKEN", raising=False)
+        no_token = runner.invoke(main, ["push", str(folder), "--repo-id", "user/tiny-papa"])
+        assert no_token.exit_code == 1 and "token" in no_token.output.lower()
+        monkeypatch.setenv("HF_TOKEN", "hf_user_token")
+        result = runner.invoke(main, ["push", str(folder), "--repo-id", "user/tiny-papa", "--private"])
+        assert result.exit_code == 0, result.output
+        assert server.commit_count("user/tiny-papa") == 1
+
+
+@pytest.mark.real
+def test_readme_demo_end_to_end(tmp_path):
+    """The README's demo (examples/demo.py) on the real MiniLM, on a small slice of the bundled corpus."""
+    env = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PATH": "/usr/bin:/bin"}
+    import os
+
+    env.update({k: v for k, v in os.environ.items() if k not in env and k != "PYTHONPATH"})
+    proc = subprocess.run(
+        [sys.executable, str(REPO_ROOT / "examples" / "demo.py"), "--out", str(tmp_path / "demo"), "--max-examples", "64"],
+        capture_output=True, text=True, timeout=900, env=env, cwd=tmp_path,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert "reloaded in a fresh process as PapaBertModel" in proc.stdout
+    assert "36 of 72" in proc.stdout
+    ratio = float(proc.stdout.split("MiB (")[1].split("x)")[0])
+    assert ratio < 1.0
