@@ -83,6 +83,16 @@ class PapaHeadsMixin:
         else:
             self.papa_constants = None
         self.papa_lambda_logits = None
+        if self.papa_mixed:
+            # Lambda training (paper section 3.2): every head attends and has a constant; its output mixes
+            # the two with lambda = sigmoid(logit), 0.5 to start. Mixing only some heads is not defined.
+            if not self.papa_kept == self.papa_const == list(range(num_heads)):
+                raise ValueError(
+                    f"layer {layer}: lambda mixing needs every head both kept and constant, got kept "
+                    f"{self.papa_kept} and constant {self.papa_const}"
+                )
+            weight = self._papa_reference_weight()
+            self.papa_lambda_logits = nn.Parameter(torch.zeros(num_heads, dtype=torch.float32, device=weight.device))
 
     @property
     def papa_mixed(self) -> list[int]:
