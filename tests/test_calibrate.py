@@ -197,3 +197,17 @@ def test_two_process_calibration_equals_one_process(minilm, tmp_path):
         assert torch.equal(dist.counts, single.counts)
         assert torch.allclose(dist.values, single.values, atol=1e-6, rtol=0)
         assert torch.allclose(dist.variance, single.variance, atol=1e-9, rtol=1e-6)
+
+
+@pytest.mark.real
+def test_bf16_model_accumulates_in_full_precision(minilm):
+    import copy
+
+    model, tok = minilm
+    full = calibrate(model, tok, SENTENCES[:8], max_length=24, batch_size=4, progress=False)
+    half = calibrate(
+        copy.deepcopy(model).to(torch.bfloat16), tok, SENTENCES[:8], max_length=24, batch_size=4, progress=False
+    )
+    assert half.values.dtype == torch.float32 and half.metadata["model_dtype"] == "bfloat16"
+    assert torch.equal(half.counts, full.counts)
+    assert (half.values - full.values).abs().max() < 0.05  # bf16 attention, fp64 sums
