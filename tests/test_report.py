@@ -1,0 +1,166 @@
+"""The report: means and 95% t-intervals equal a hand computation from the JSONL; tables and figures are written."""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+
+import pytest
+from test_sweep import write_sst2
+
+from papa_surgery.report import (
+    constant_matrices,
+    load_results,
+    relative_drops,
+    summarize,
+    t_critical,
+    table_corpora,
+    table_kinds,
+    write_report,
+)
+from papa_surgery.sweep import SweepConfig, run_sweep
+
+T95 = {1: 12.706, 2: 4.303, 4: 2.776, 9: 2.262, 29: 2.045}  # textbook two-sided 95% values
+
+
+def test_t_critical_matches_the_textbook():
+    for df, t in T95.items():
+        assert t_critical(df) == pytest.approx(t, abs=1e-3)
+    assert t_critical(60) == pytest.approx(2.000, abs=1e-3)
+    assert t_critical(1000) == pytest.approx(1.962, abs=1e-3)
+    with pytest.raises(ValueError):
+        t_critical(0)
+
+
+def _row(task, fraction, seed, score, kind="average", method="variance", corpus="task", model="m"):
+    return dict(
+        model=model,
+        task=task,
+        fraction=fraction,
+        kept_fraction=1 - fraction,
+        kind=kind,
+        method=method,
+        seed=seed,
+        corpus=corpus,
+        metric="accuracy",
+        score=score,
+    )
+
+
+def test_summary_equals_a_hand_computation():
+    rows = [_row("sst2", 1.0, s, x) for s, x in enumerate([0.80, 0.90, 0.85])]
+    rows += [_row("sst2", 0.0, 0, 0.95)]  # one seed: no interval
+    rows += [_row("sst2", 1.0, 1, 0.90)]  # a repeated seed counts once
+    (one_seed, three) = sorted(summarize(rows), key=lambda e: e["fraction"])
+    assert three["n"] == 3 and three["seeds"] == [0, 1, 2]
+    assert three["mean"] == pytest.approx(0.85)
+    assert three["std"] == pytest.approx(0.05)
+    assert three["ci95"] == pytest.approx(4.3027 * 0.05 / math.sqrt(3), rel=1e-4)
+    assert three["low"] == pytest.approx(0.85 - three["ci95"]) and three["kept_fraction"] == 0.0
+    assert one_seed["mean"] == 0.95 and one_seed["ci95"] is None and one_seed["kept_fraction"] == 1.0
+
+
+def test_tables_have_the_papers_shape():
+    rows = []
+    for task, orig in (("sst2", 0.90), ("cola", 0.40)):
+        for seed in range(2):
+            rows.append(_row(task, 0.0, seed, orig))
+            rows.append(_row(task, 1.0, seed, orig - 0.05 - 0.01 * seed))
+            rows.append(_row(task, 1.0, seed, orig - 0.10, kind="identity"))
+            rows.append(_row(task, 1.0, seed, orig - 0.06, corpus="task:mnli"))
+    kinds = table_kinds(rows).splitlines()
+    assert kinds[0].startswith("| kind | sst2 (accuracy) | cola (accuracy) |")
+    assert [line.split("|")[1].strip() for line in kinds[2:]] == ["original (fraction 0)", "average", "identity"]
+    ci = t_critical(1) * statistics.stdev([0.85, 0.84]) / math.sqrt(2)
+    assert f"0.845 ± {ci:.3f}" in kinds[3]
+    corpora = table_corpora(rows).splitlines()
+    assert [line.split("|")[1].strip() for line in corpora[2:]] == ["per-task", "mnli"]
+    assert "0.840 ± 0.000" in corpora[3]
+    (drop,) = relative_drops(rows)
+    assert drop["original"] == pytest.approx(0.65)
+    assert drop["relative_drop"] == pytest.approx((0.055 / 0.9 + 0.055 / 0.4) / 2)
+
+
+@pytest.fixture(scope="module")
+def sweep_results(tiny_folder, tmp_path_factory):
+    root = tmp_path_factory.mktemp("report")
+    data_dir = write_sst2(root / "data")
+    config = SweepConfig(
+        model=str(tiny_folder("bert")),
+        tasks=("sst2",),
+        fractions=(0.0, 0.5, 1.0),
+        seeds=2,
+        kinds=("average", "zeros"),
+        methods=("variance", "last-to-first"),
+        data_dir=str(data_dir),
+        epochs=4,
+        lr=3e-3,
+        max_length=32,
+    )
+    out = root / "results.jsonl"
+    run_sweep(config, out, progress=False)
+    return out
+
+
+def test_report_numbers_equal_a_hand_computation_from_the_jsonl(sweep_results):
+    raw = [json.loads(line) for line in sweep_results.read_text().splitlines()]
+    assert len(raw) == 3 * 2 * 2 * 2
+    assert load_results(sweep_results) == raw
+    summary = summarize(raw)
+    assert len(summary) == 3 * 2 * 2
+    for entry in summary:
+        scores = [
+            r["score"]
+            for r in raw
+            if (r["kind"], r["method"], r["fraction"]) == (entry["kind"], entry["method"], entry["fraction"])
+        ]
+        assert len(scores) == 2
+        mean = sum(scores) / 2
+        sd = math.sqrt(sum((x - mean) ** 2 for x in scores) / 1)
+        assert entry["mean"] == pytest.approx(mean, abs=1e-12)
+        assert entry["ci95"] == pytest.approx(12.7062 * sd / math.sqrt(2), abs=1e-9)
+    assert any(e["ci95"] > 0 for e in summary)  # seeds differ, so the intervals are not all degenerate
+
+
+def test_write_report_writes_tables_and_figures(sweep_results, tmp_path):
+    constants = next((sweep_results.parent / "results.artifacts").glob("constants-*.safetensors"))
+    paths = write_report(sweep_results, tmp_path / "report", constants=constants)
+    names = [p.name for p in paths]
+    assert names == ["report.md", "fig2_fractions.png", "fig3.png", "fig5_methods.png", "fig4_constants.png"]
+    for path in paths:
+        assert path.is_file() and path.stat().st_size > 0
+    for path in paths[1:]:
+        assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    text = paths[0].read_text()
+    assert "Table 1" in text and "| average |" in text and "| zeros |" in text
+    assert "![Score vs share of heads kept input-dependent (Fig. 2)](fig2_fractions.png)" in text
+    assert "Table 2" not in text  # one calibration corpus only
+
+
+def test_constant_heat_maps_from_a_checkpoint(tiny, tmp_path):
+    from conftest import SENTENCES
+
+    from papa_surgery.calibrate import calibrate
+    from papa_surgery.convert import convert, save_checkpoint
+
+    model, tok = tiny.model("bert"), tiny.tokenizer("bert")
+    constants = calibrate(model, tok, SENTENCES, max_length=16, progress=False)
+    papa = convert(model, constants, [[0, 1], [1, 2], [1, 3]], tokenizer=tok)
+    folder = save_checkpoint(papa, tmp_path / "ckpt", tokenizer=tok)
+    picked = constant_matrices(folder, heads=[[1, 2]])
+    assert picked[0][0] == "(1, 2)"
+    assert picked[0][1] == pytest.approx(constants.values[1, 2].numpy())
+    assert [t for t, _ in constant_matrices(folder)] == ["(0, 1)", "(1, 2)", "(1, 3)"]
+    assert [t for t, _ in constant_matrices(constants, max_heads=3)] == ["(0, 0)", "(1, 0)", "(1, 3)"]
+    with pytest.raises(ValueError, match="no constant matrix"):
+        constant_matrices(folder, heads=[[0, 0]])
+
+
+def test_bad_results_file(tmp_path):
+    with pytest.raises(ValueError, match="does not exist"):
+        write_report(tmp_path / "nope.jsonl", tmp_path / "out")
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    with pytest.raises(ValueError, match="no results"):
+        write_report(empty, tmp_path / "out")

@@ -1,0 +1,213 @@
+"""Sweeps on a tiny local model: one JSONL line per cell, resume after an interruption, shared cells, bad input."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+
+import papa_surgery.probe as probe_pkg
+from papa_surgery.sweep import DEFAULT_FRACTIONS, SweepConfig, cell_key, read_rows, run_sweep
+
+POSITIVE = ["charming", "fun", "astounding", "affecting", "good", "great"]
+NEGATIVE = ["bleak", "desperate", "dull", "bad", "awful", "boring"]
+FILLER = ["the", "a", "movie", "is", "and", "journey", "acting", "music", "ride", "."]
+
+
+def write_sst2(root, train: int = 40, dev: int = 16, seed: int = 0):
+    """A tiny SST-2 in the GLUE TSV layout the probe's --data-dir reader expects (glue/sst2/{train,dev}.tsv)."""
+    rng = random.Random(seed)
+    (root / "glue" / "sst2").mkdir(parents=True, exist_ok=True)
+    for name, n in (("train", train), ("dev", dev)):
+        lines = ["sentence\tlabel"]
+        for _ in range(n):
+            label = rng.randrange(2)
+            words = rng.choices(FILLER, k=rng.randrange(2, 10)) + [rng.choice(POSITIVE if label else NEGATIVE)]
+            rng.shuffle(words)
+            lines.append(f"{' '.join(words)}\t{label}")
+        (root / "glue" / "sst2" / f"{name}.tsv").write_text("\n".join(lines) + "\n")
+    return root
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+    return write_sst2(tmp_path_factory.mktemp("sweep-data"))
+
+
+def config(model_dir, data_dir, **kw) -> SweepConfig:
+    base = dict(
+        model=str(model_dir),
+        tasks=("sst2",),
+        fractions=(0.0, 1.0),
+        seeds=2,
+        data_dir=str(data_dir),
+        epochs=1,
+        max_length=32,
+        calibration_batch_size=16,
+    )
+    base.update(kw)
+    return SweepConfig(**base)
+
+
+class CountingProbe:
+    """Wraps the real probe: counts calls and can raise on the ``fail_on``-th call (an interruption)."""
+
+    def __init__(self, fail_on: int | None = None):
+        self.calls = 0
+        self.fail_on = fail_on
+        self.real = probe_pkg.probe
+
+    def __call__(self, *args, **kwargs):
+        self.calls += 1
+        if self.fail_on is not None and self.calls == self.fail_on:
+            raise KeyboardInterrupt("simulated interruption")
+        return self.real(*args, **kwargs)
+
+
+def test_defaults_are_the_papers_sweep():
+    cfg = SweepConfig(model="m")
+    assert cfg.fractions == DEFAULT_FRACTIONS == (0.0, 0.5, 0.875, 0.9375, 1.0)
+    assert [1 - f for f in cfg.fractions] == [1, 1 / 2, 1 / 8, 1 / 16, 0]
+    assert cfg.seed_list == (0, 1, 2)
+    assert cfg.kinds == ("average",) and cfg.methods == ("variance",) and cfg.corpora == ("task",)
+
+
+def test_sweep_writes_one_line_per_cell_and_resumes(tiny_folder, data_dir, tmp_path, monkeypatch):
+    model_dir = tiny_folder("bert")
+    out = tmp_path / "results.jsonl"
+    cfg = config(model_dir, data_dir)
+
+    interrupted = CountingProbe(fail_on=3)
+    monkeypatch.setattr(probe_pkg, "probe", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        run_sweep(cfg, out, progress=False)
+    lines = out.read_text().splitlines()
+    assert len(lines) == 2  # the two cells that finished, each flushed as it ended
+
+    resumed = CountingProbe()
+    monkeypatch.setattr(probe_pkg, "probe", resumed)
+    rows = run_sweep(cfg, out, progress=False)
+    assert resumed.calls == 2  # only the two missing cells ran
+    assert len(out.read_text().splitlines()) == 4
+    assert [json.loads(x) for x in lines] == read_rows(out)[:2]  # finished lines untouched
+    assert len(rows) == 4
+    assert {(r["fraction"], r["seed"]) for r in rows} == {(0.0, 0), (0.0, 1), (1.0, 0), (1.0, 1)}
+    for r in rows:
+        for name in ("model", "task", "fraction", "kept_fraction", "kind", "method", "seed", "metric", "score"):
+            assert name in r
+        for name in ("examples", "steps", "seconds", "papa_surgery_version", "corpus", "max_length"):
+            assert name in r
+        assert r["kept_fraction"] == pytest.approx(1 - r["fraction"])
+        assert r["metric"] == "accuracy" and 0.0 <= r["score"] <= 1.0
+        assert r["examples"] == 40 and r["max_length"] == 32 and r["corpus"] == "task"
+        assert r["constant_heads"] == (8 if r["fraction"] == 1.0 else 0)
+    attention_free = [r for r in rows if r["fraction"] == 1.0]
+    assert all("sst2 training texts" in r["corpus_description"] for r in attention_free)
+    assert all(r["calibration_examples"] == 40 for r in attention_free)
+
+    again = CountingProbe()
+    monkeypatch.setattr(probe_pkg, "probe", again)
+    assert run_sweep(cfg, out, progress=False) == rows  # nothing left to do
+    assert again.calls == 0
+    assert (tmp_path / "results.artifacts").is_dir()  # constants saved next to the results
+
+
+def test_baseline_equals_source_and_identical_cells_run_once(tiny_folder, data_dir, tmp_path, monkeypatch):
+    model_dir = tiny_folder("bert")
+    out = tmp_path / "r.jsonl"
+    counter = CountingProbe()
+    monkeypatch.setattr(probe_pkg, "probe", counter)
+    cfg = config(model_dir, data_dir, seeds=(0,), kinds=("average", "identity"), methods=("variance", "random"))
+    rows = run_sweep(cfg, out, progress=False)
+    assert len(rows) == 8 and len(read_rows(out)) == 8
+    # fraction 0 is one model whatever the kind or method; fraction 1 one model per kind
+    assert counter.calls == 3
+    base = [r for r in rows if r["fraction"] == 0.0]
+    assert len({r["score"] for r in base}) == 1
+    assert sum("reused_from" in r for r in rows) == 5
+
+    # the fraction-0 cell scores exactly what the probe gives the source model at the same slot count
+    from papa_surgery.loading import load_source
+
+    model, tok = load_source(str(model_dir))
+    source = counter.real(model, tok, "sst2", data_dir=data_dir, seed=0, epochs=1, max_length=32, progress=False)
+    assert base[0]["score"] == source["score"]
+
+
+def test_fraction_half_uses_the_ranking(tiny_folder, data_dir, tmp_path):
+    cfg = config(tiny_folder("bert"), data_dir, fractions=(0.5,), seeds=1, methods=("first-to-last", "last-to-first"))
+    rows = run_sweep(cfg, tmp_path / "r.jsonl", progress=False)
+    assert [r["constant_heads"] for r in rows] == [4, 4]
+    assert [r["method"] for r in rows] == ["first-to-last", "last-to-first"]
+    assert all("reused_from" not in r for r in rows)  # different heads, different models
+    saved = sorted(p.name.split("-")[0] for p in (tmp_path / "r.artifacts").iterdir())
+    assert saved == ["constants", "ranking", "ranking"]  # calibrated once, ranked once per method
+
+
+def test_a_torn_last_line_is_dropped_on_resume(tiny_folder, data_dir, tmp_path):
+    out = tmp_path / "r.jsonl"
+    cfg = config(tiny_folder("bert"), data_dir, fractions=(0.0,), seeds=1)
+    rows = run_sweep(cfg, out, progress=False)
+    out.write_text(out.read_text() + '{"model": "x", "task": "ss')  # killed mid-write
+    assert run_sweep(cfg, out, progress=False) == rows
+    assert out.read_text().endswith("\n") and len(out.read_text().splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        (dict(tasks=("sst2", "sst-3")), "unknown task"),
+        (dict(kinds=("avg",)), "unknown constant kind"),
+        (dict(methods=("variances",)), "unknown ranking method"),
+        (dict(fractions=(0.0, 1.5)), "between 0 and 1"),
+        (dict(tasks=("sst2", "mrpc")), "missing"),  # no local MRPC files: fails before the SST-2 cells run
+        (dict(tasks=("mlm",)), "masked-LM head"),
+        (dict(corpus="no/such/file.txt"), "corpus"),
+    ],
+)
+def test_bad_input_fails_before_any_line(tiny_folder, data_dir, tmp_path, monkeypatch, bad, message):
+    counter = CountingProbe()
+    monkeypatch.setattr(probe_pkg, "probe", counter)
+    out = tmp_path / "r.jsonl"
+    with pytest.raises(ValueError, match=message):
+        run_sweep(config(tiny_folder("bert"), data_dir, **bad), out, progress=False)
+    assert not out.exists() or out.read_text() == ""
+    assert counter.calls == 0
+
+
+def test_cell_key_ignores_float_noise():
+    row = dict(model="m", task="sst2", fraction=0.875, kind="average", method="variance", seed=1)
+    assert cell_key(row) == cell_key({**row, "fraction": 7 / 8 + 1e-12, "corpus": "task"})
+
+
+def test_mlm_sweep_with_a_masked_lm_head(tiny_folder, data_dir, tmp_path):
+    wiki = data_dir / "wikitext" / "wikitext-2"
+    wiki.mkdir(parents=True, exist_ok=True)
+    rng = random.Random(1)
+    text = "\n".join(" ".join(rng.choices(FILLER + POSITIVE, k=12)) for _ in range(8))
+    (wiki / "wiki.valid.tokens").write_text(" = Title = \n" + text + "\n")
+    model_dir = tiny_folder("bert", head="AutoModelForMaskedLM")
+    cfg = config(model_dir, data_dir, tasks=("mlm",), seeds=1, max_calibration_examples=16)
+    rows = run_sweep(cfg, tmp_path / "r.jsonl", progress=False)
+    assert [r["fraction"] for r in rows] == [0.0, 1.0]
+    assert all(r["metric"] == "neg_log_perplexity" and r["score"] < 0 for r in rows)
+    assert "WikiText" in rows[1]["corpus_description"] or "wikitext" in rows[1]["corpus_description"]
+
+
+def test_a_papa_checkpoint_is_probed_as_it_is(tiny, data_dir, tmp_path):
+    from papa_surgery.constants import Constants
+    from papa_surgery.convert import convert, save_checkpoint
+
+    model, tok = tiny.model("bert"), tiny.tokenizer("bert")
+    constants = Constants.from_kind("identity", 2, 4, 32)
+    papa = convert(model, constants, [[0, 0], [1, 1]], tokenizer=tok, kind="identity", method="given", fraction=0.25)
+    folder = save_checkpoint(papa, tmp_path / "ckpt", tokenizer=tok)
+    cfg = SweepConfig(model=str(folder), tasks=("sst2",), seeds=2, data_dir=str(data_dir), epochs=1)
+    rows = run_sweep(cfg, tmp_path / "r.jsonl", progress=False)
+    assert [(r["fraction"], r["kind"], r["seed"], r["constant_heads"], r["max_length"]) for r in rows] == [
+        (0.25, "identity", 0, 2, 32),
+        (0.25, "identity", 1, 2, 32),
+    ]
+    with pytest.raises(ValueError, match="probed as it is"):
+        run_sweep(SweepConfig(model=str(folder), fractions=(0.5,), data_dir=str(data_dir)), tmp_path / "x.jsonl")
