@@ -159,37 +159,39 @@ def convert(ctx, model, do_push, **kwargs):
 @click.option("--data-dir", help="Read tasks from local files (e.g. ../shared/data) instead of the Hub.")
 @click.option(
     "--fractions",
-    default="0,0.5,0.875,0.9375,1",
+    default="0,1/2,7/8,15/16,1",
     show_default=True,
-    help="Comma-separated shares of heads made constant.",
+    help="Comma-separated shares of heads made constant (decimals or fractions such as 7/8).",
 )
 @click.option("--seeds", default=3, show_default=True, type=click.IntRange(min=1), help="Seeds per cell.")
 @click.option("--kind", "kinds", multiple=True, help="Constant kind(s) (default average).")
 @click.option("--method", "methods", multiple=True, help="Ranking method(s) (default variance).")
 @click.option("--corpus", help="Calibration corpus (default: the task's own unlabelled training text).")
+@click.option("--max-length", type=click.IntRange(min=4), help="Slots L (default: the task's App. B length).")
 @click.option("--max-train-examples", type=click.IntRange(min=1), help="Cap training examples per task.")
 @click.option("--max-eval-examples", type=click.IntRange(min=1), help="Cap evaluation examples per task.")
-@click.option("--device", help="Device (cpu, cuda...).")
+@click.option("--max-calibration-examples", type=click.IntRange(min=1), help="Cap calibration examples.")
+@click.option("--epochs", type=click.IntRange(min=1), help="Override the task's probe epochs.")
+@click.option("--lr", type=float, help="Override the task's probe learning rate.")
 @click.option("--batch-size", type=click.IntRange(min=1), help="Override the task's batch size.")
+@click.option("--device", help="Device (cpu, cuda...).")
 @click.option("--out", required=True, type=click.Path(dir_okay=False), help="Results file (JSONL, appended).")
 @click.pass_context
 def probe(ctx, model_or_dir, tasks, fractions, kinds, methods, out, **kwargs):
     """Probe a frozen model over fractions, seeds, kinds and methods (paper 3.3, 4)."""
-    try:
-        values = tuple(float(x) for x in fractions.split(",") if x.strip())
-    except ValueError:
-        raise click.BadParameter(
-            f"{fractions!r} is not a comma-separated list of numbers", param_hint="'--fractions'"
-        ) from None
-    if not values or any(not 0.0 <= v <= 1.0 for v in values):
-        raise click.BadParameter("fractions must lie between 0 and 1", param_hint="'--fractions'")
-    from .pipeline import resolve_model
-    from .sweep import SweepConfig, run_sweep
+    from .pipeline import EMBEDDED_HUB_ID, resolve_model
+    from .sweep import SweepConfig, parse_fractions, run_sweep
 
+    try:
+        values = parse_fractions(fractions)
+    except (ValueError, ZeroDivisionError) as err:
+        raise click.BadParameter(f"{fractions!r}: {err}", param_hint="'--fractions'") from None
     options = {k: v for k, v in kwargs.items() if v is not None}
     seeds = tuple(range(options.pop("seeds")))
+    label = EMBEDDED_HUB_ID if model_or_dir in ("minilm", "embedded") else model_or_dir
     config = SweepConfig(
         model=resolve_model(model_or_dir),
+        label=label,
         tasks=tuple(tasks),
         fractions=values,
         seeds=seeds,

@@ -61,9 +61,20 @@ def load_source(
     config = load_config(name_or_path, revision)
     remote = is_papa_config(config)
     cls = getattr(transformers, auto_class)
-    model = cls.from_pretrained(
-        name_or_path, revision=revision, dtype=resolve_dtype(dtype), trust_remote_code=remote, **model_kwargs
+    model, info = cls.from_pretrained(
+        name_or_path,
+        revision=revision,
+        dtype=resolve_dtype(dtype),
+        trust_remote_code=remote,
+        output_loading_info=True,
+        **model_kwargs,
     )
+    if auto_class == "AutoModelForMaskedLM" and info.get("missing_keys"):
+        # A folder without an MLM head silently gets a random one: its perplexity would mean nothing.
+        raise ValueError(
+            f"{name_or_path} has no trained masked-LM head (missing {sorted(info['missing_keys'])[0]}, ...); "
+            f"use a checkpoint saved with its MLM head (e.g. from AutoModelForMaskedLM)"
+        )
     tokenizer = transformers.AutoTokenizer.from_pretrained(name_or_path, revision=revision)
     if device is not None:
         model.to(device)
