@@ -41,8 +41,19 @@ class PapaGroup(click.Group):
             sys.exit(1)
 
 
-def _command_line() -> str:
-    return "papa-surgery " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+def _command_line(ctx) -> str:
+    """The command as a user would retype it: arguments, then every option that differs from its default."""
+    parts = ["papa-surgery", ctx.info_name]
+    for param in ctx.command.params:
+        value = ctx.params.get(param.name)
+        if isinstance(param, click.Argument):
+            parts.append(str(value))
+        elif value not in (None, False, ()) and value != param.default:
+            flag = max(param.opts, key=len)
+            values = value if isinstance(value, tuple) else (value,)
+            for v in values:
+                parts.extend([flag] if v is True else [flag, str(v)])
+    return " ".join(shlex.quote(p) for p in parts)
 
 
 def _progress(ctx) -> bool:
@@ -142,7 +153,7 @@ def convert(ctx, model, do_push, **kwargs):
         from_kwargs(PushOptions, kwargs),
         from_kwargs(RunOptions, kwargs),
         do_push=do_push,
-        command=_command_line(),
+        command=_command_line(ctx),
         progress=_progress(ctx),
     )
     from .inspect_checkpoint import describe

@@ -100,7 +100,7 @@ def convert(
         "papa_trainable_constants": bool(trainable_constants),
         "papa_kind": kind or constants.kind,
         "papa_method": method,
-        "papa_fraction": fraction,
+        "papa_fraction": None if fraction is None else float(fraction),
         "papa_calibrated_on": "pairs" if constants.pairs else "single",
         "papa_source_model": _public_name(source),
         "papa_format_version": PAPA_FORMAT_VERSION,

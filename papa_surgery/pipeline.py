@@ -146,7 +146,7 @@ def obtain_ranking(
     model, tokenizer, rank: RankOptions, constants, run: RunOptions, source: str, cal=None, progress=True
 ):
     """A ranking from a file, or made with ``rank.method`` (default: lambda with a task, else variance)."""
-    from .ranking import Ranking, check_method, rank_heads
+    from .ranking import Ranking, check_rank_inputs, rank_heads
 
     if rank.ranking:
         if rank.method:
@@ -154,7 +154,7 @@ def obtain_ranking(
         ranking = Ranking.load(rank.ranking)
         ranking.check_compatible(model.config)
         return ranking
-    method = check_method(rank.method or ("lambda" if rank.task else "variance"))
+    method = check_rank_inputs(rank.method or ("lambda" if rank.task else "variance"), rank.task)
     if method in ("variance", "lambda", "reversed-lambda") and (constants is None or constants.variance is None):
         # Data-free kinds carry no calibration: the ranking still needs calibrated averages.
         constants = obtain_constants(model, tokenizer, source, cal or CalibrationOptions(), run, progress=progress)

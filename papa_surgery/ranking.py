@@ -112,6 +112,16 @@ class Ranking:
         return cls(**data)
 
 
+def public_name(source: str | None) -> str | None:
+    """A Hub id stays; a local folder is recorded by its name only (no paths in provenance)."""
+    if not source:
+        return None
+    path = Path(str(source))
+    if path.exists() or str(source).startswith(("/", ".", "~")):
+        return path.name
+    return str(source)
+
+
 def order_by_scores(scores, ascending: bool = True) -> tuple[list[list[int]], list[float]]:
     """Global order of a (layers, heads) score table; ties break by (layer, head)."""
     flat = [
@@ -150,3 +160,73 @@ def reversed_ranking(ranking: Ranking) -> Ranking:
     return Ranking(
         "reversed-" + ranking.method, list(reversed(ranking.order)), ranking.num_layers, ranking.num_heads, scores, prov
     )
+
+
+def check_rank_inputs(method: str, task=None) -> str:
+    """Validate a ranking request before any expensive work (calibration, model loading).
+
+    ValueError for an unknown method (with a suggestion) or a lambda method without a task.
+    """
+    check_method(method)
+    if method not in LABEL_FREE_METHODS and task is None:
+        raise ValueError(
+            f"the {method!r} ranking is learned on a labelled task: pass --task (e.g. --task sst2), or use a "
+            f"label-free method ({', '.join(LABEL_FREE_METHODS)})"
+        )
+    return method
+
+
+def rank_heads(
+    method: str,
+    model,
+    tokenizer=None,
+    constants=None,
+    task=None,
+    data_dir=None,
+    seed: int = 0,
+    **lambda_options,
+) -> Ranking:
+    """Rank every head of ``model`` with ``method`` (the library call behind ``papa-surgery rank``).
+
+    Args:
+        method: one of ``METHODS`` (a misspelling gets a suggestion).
+        model: the source model (never changed).
+        tokenizer: its tokenizer (``lambda`` / ``reversed-lambda``).
+        constants: calibrated ``Constants`` of this model: needed by ``variance``, ``lambda`` and
+            ``reversed-lambda``.
+        task, data_dir: the labelled probe task (and local data folder) the lambdas are trained on.
+        seed: the ``random`` permutation's seed; the lambda probe's seed.
+        **lambda_options: passed to :func:`papa_surgery.lambda_rank.train_lambdas` (steps, epochs, lr,
+            lambda_lr, batch_size, max_train_examples, device, progress, source_name); the label-free
+            methods ignore them (``source_name`` aside), so a caller may pass the same options to every method.
+
+    Raises:
+        ValueError: unknown method (with a suggestion); ``lambda`` without a task; missing constants, or
+            constants for another model shape.
+    """
+    from .architectures import num_heads_layers
+
+    check_method(method)
+    num_heads, num_layers = num_heads_layers(model.config)
+    source_name = lambda_options.get("source_name") or getattr(model.config, "_name_or_path", None) or None
+    if constants is not None:
+        constants.check_compatible(model.config)
+    if method in LABEL_FREE_METHODS:  # lambda_options (steps, device, progress...) do not apply: ignored
+        ranking = label_free_ranking(method, num_layers, num_heads, constants=constants, seed=seed)
+        prov = ranking.provenance
+        prov.setdefault("task", None)
+        if prov.get("source_model") is None:
+            prov["source_model"] = public_name(source_name)
+        return ranking
+    check_rank_inputs(method, task)
+    if constants is None:
+        raise ValueError(
+            f"the {method!r} ranking mixes each head with its constant matrix: pass --constants FILE "
+            "(make one with papa-surgery calibrate)"
+        )
+    if tokenizer is None:
+        raise ValueError(f"the {method!r} ranking needs the model's tokenizer to read the task's data")
+    from .lambda_rank import train_lambdas
+
+    ranking = train_lambdas(model, tokenizer, constants, task, data_dir, seed=seed, **lambda_options)
+    return reversed_ranking(ranking) if method == "reversed-lambda" else ranking

@@ -28,6 +28,13 @@ from torch import nn
 from .slots import SlotLayout
 
 
+def _uninitialised_linear(in_features: int, out_features: int, bias: bool, like: torch.Tensor) -> nn.Linear:
+    """A Linear whose weights are about to be copied in: no init, so no draw from the global RNG."""
+    return torch.nn.utils.skip_init(
+        nn.Linear, in_features, out_features, bias=bias, device=like.device, dtype=like.dtype
+    )
+
+
 class PapaContext:
     """Per-forward state shared by every PAPA attention of one model (set by the model's pre-hook)."""
 
@@ -184,8 +191,7 @@ class PapaHeadsMixin:
             return
         d = self.papa_head_dim
         rows = [r for h in self.papa_kept for r in range(h * d, (h + 1) * d)]
-        new = nn.Linear(linear.in_features, len(rows), bias=linear.bias is not None)
-        new.to(device=linear.weight.device, dtype=linear.weight.dtype)
+        new = _uninitialised_linear(linear.in_features, len(rows), linear.bias is not None, linear.weight)
         with torch.no_grad():
             new.weight.copy_(linear.weight[rows])
             if linear.bias is not None:
@@ -351,15 +357,13 @@ class DebertaAttentionMixin(PapaHeadsMixin):
         self.papa_value_proj = None
         if self.papa_const and not self.papa_mixed:
             value_rows = per_head[self.papa_const, 2].reshape(-1, weight.shape[1])
-            self.papa_value_proj = nn.Linear(weight.shape[1], value_rows.shape[0], bias=False)
-            self.papa_value_proj.to(device=weight.device, dtype=weight.dtype)
+            self.papa_value_proj = _uninitialised_linear(weight.shape[1], value_rows.shape[0], False, weight)
             with torch.no_grad():
                 self.papa_value_proj.weight.copy_(value_rows)
         if set(self.papa_kept) != set(range(self.papa_num_heads)):
             if self.papa_kept:
                 kept_rows = per_head[self.papa_kept].reshape(-1, weight.shape[1])
-                self.in_proj = nn.Linear(weight.shape[1], kept_rows.shape[0], bias=False)
-                self.in_proj.to(device=weight.device, dtype=weight.dtype)
+                self.in_proj = _uninitialised_linear(weight.shape[1], kept_rows.shape[0], False, weight)
                 with torch.no_grad():
                     self.in_proj.weight.copy_(kept_rows)
             else:

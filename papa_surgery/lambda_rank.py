@@ -1,0 +1,304 @@
+"""The learned lambda ranking (paper section 3.2).
+
+Every head h of every layer gets ``lambda_h = sigmoid(p_h)`` with ``p_h = 0`` (lambda = 0.5) and attends
+with ``B = lambda_h * A + (1 - lambda_h) * rownorm(C * mask)``. The lambdas are trained jointly with the
+task's probe (``papa_surgery.probe``) while the backbone stays frozen; heads are then ranked globally by
+ascending lambda: the least input-dependent head is made constant first.
+
+The mixing is the PAPA attention of ``hub_code`` with every head in both sets (kept *and* constant):
+``_papa_merge`` mixes the two contexts per head, which equals attending with ``B`` because both are
+linear in the attention matrix. There is no second implementation of the attention swap.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+from tqdm.auto import tqdm
+
+from . import __version__
+from .architectures import get_family, num_heads_layers
+from .constants import Constants
+from .hub_code.configuration_papa import CONFIG_CLASSES, PAPA_FIELDS, PAPA_FORMAT_VERSION
+from .hub_code.modeling_papa import apply_papa, attention_modules
+from .probe.data import load_split
+from .probe.features import IGNORE, encode_split, pad_batch
+from .probe.heads import build_head
+from .probe.tasks import MLM, Task, get_task
+from .probe.train import batch_labels, epoch_batches
+from .ranking import Ranking, order_by_scores, public_name
+
+
+def lambda_model(model: nn.Module, constants: Constants, tokenizer=None) -> nn.Module:
+    """A frozen copy of ``model``'s encoder whose every head mixes its attention with its constant matrix.
+
+    Args:
+        model: a source model of a supported family, any head (its ``base_model`` is copied; the source is
+            never changed).
+        constants: ``Constants`` for every layer and head of this model (``values`` (layers, heads, L, L)).
+        tokenizer: the source tokenizer; its separator id lets the slot layout find a pair's middle.
+
+    Returns:
+        The mixed encoder, in eval mode. Every backbone parameter has ``requires_grad=False``; each PAPA
+        attention module holds ``papa_lambda_logits`` (H,) zeros (lambda = 0.5, the only trainable
+        parameters) and ``papa_constants`` (H, L, L), a frozen buffer.
+    """
+    family = get_family(model)
+    num_heads, num_layers = num_heads_layers(model.config)
+    constants.check_compatible(model.config)
+    source = getattr(model, "base_model", model)
+    mixed = copy.deepcopy(source)
+    config = mixed.config
+    config.__class__ = CONFIG_CLASSES[family.model_type]
+    every = [[layer, head] for layer in range(num_layers) for head in range(num_heads)]
+    sep = getattr(tokenizer, "sep_token_id", None) if tokenizer is not None else getattr(config, "sep_token_id", None)
+    fields = {
+        "papa_max_length": int(constants.max_length),
+        "papa_constant_heads": every,
+        "papa_sep_token_id": sep,
+        "papa_constants_dtype": "float32",
+        "papa_trainable_constants": False,
+        "papa_kind": constants.kind,
+        "papa_method": "lambda",
+        "papa_fraction": None,
+        "papa_calibrated_on": "pairs" if constants.pairs else "single",
+        "papa_source_model": None,
+        "papa_format_version": PAPA_FORMAT_VERSION,
+        "papa_surgery_version": __version__,
+    }
+    assert set(fields) == set(PAPA_FIELDS)
+    for name, value in fields.items():
+        setattr(config, name, value)
+    with torch.random.fork_rng(devices=[]):  # rebuilt projections draw (then overwrite) random weights
+        apply_papa(mixed, constant_heads=every, kept_heads=every, trainable=False)
+    for param in mixed.parameters():  # after apply_papa, which may rebuild projections
+        param.requires_grad_(False)
+    for layer, module in enumerate(attention_modules(mixed)):
+        weight = module._papa_reference_weight()
+        with torch.no_grad():
+            module.papa_constants.copy_(constants.values[layer].to(module.papa_constants.device, torch.float32))
+        module.papa_lambda_logits = nn.Parameter(torch.zeros(num_heads, device=weight.device, dtype=torch.float32))
+    return mixed.eval()
+
+
+def lambda_parameters(mixed: nn.Module) -> list[nn.Parameter]:
+    """The lambda logits of every layer, in layer order."""
+    params = [m.papa_lambda_logits for m in attention_modules(mixed)]
+    if any(p is None for p in params):
+        raise ValueError("not a lambda model: build it with papa_surgery.lambda_rank.lambda_model")
+    return params
+
+
+def lambda_values(mixed: nn.Module) -> torch.Tensor:
+    """(layers, heads) lambda = sigmoid(logits), float32 on the CPU."""
+    return torch.stack([torch.sigmoid(p.detach().float().cpu()) for p in lambda_parameters(mixed)])
+
+
+def set_lambda_logits(mixed: nn.Module, value: float | torch.Tensor) -> None:
+    """Set every lambda logit (a number, or a (layers, heads) tensor)."""
+    with torch.no_grad():
+        for layer, param in enumerate(lambda_parameters(mixed)):
+            param.copy_(value[layer] if isinstance(value, torch.Tensor) else torch.full_like(param, float(value)))
+
+
+@dataclass
+class LambdaFit:
+    """What :func:`fit_lambdas` did: the trained probe head and the run's facts."""
+
+    head: nn.Module
+    steps: int
+    epochs: float
+    examples: int
+    data: str
+    loss: float | None
+
+
+def _features(mixed: nn.Module, batch: dict[str, torch.Tensor], device) -> torch.Tensor:
+    """(B, N, Ly, H) hidden states of every layer, with gradients flowing to the lambdas."""
+    inputs = {k: batch[k].to(device) for k in ("input_ids", "attention_mask", "token_type_ids") if k in batch}
+    out = mixed(**inputs, output_hidden_states=True, return_dict=True)
+    return torch.stack(out.hidden_states, dim=2).float()  # (B, N, Ly, H)
+
+
+def fit_lambdas(
+    mixed: nn.Module,
+    tokenizer,
+    task: str | Task,
+    data_dir: str | Path | None = None,
+    *,
+    steps: int | None = None,
+    epochs: int | None = None,
+    lr: float | None = None,
+    lambda_lr: float | None = None,
+    batch_size: int | None = None,
+    seed: int = 0,
+    max_train_examples: int | None = None,
+    device=None,
+    progress: bool = True,
+) -> LambdaFit:
+    """Train ``mixed``'s lambdas (in place) jointly with a fresh probe on the task's train split.
+
+    Only the lambda logits and the probe get gradients: the backbone runs in eval mode with
+    ``requires_grad=False`` (no dropout), the constants are buffers. The backbone runs every step (lambda
+    changes the attention, so no feature cache).
+
+    Args:
+        mixed: a model from :func:`lambda_model`.
+        tokenizer: the source tokenizer.
+        task: a registered probe task (sentence or token kind) or a :class:`Task`.
+        data_dir: a local folder laid out like ``../shared/data``; ``None`` reads the Hub dataset.
+        steps: stop after this many optimiser steps (default: ``epochs`` full epochs).
+        epochs: passes over the train split (default: the task's App. B epochs); ignored when ``steps`` is set.
+        lr: the probe's learning rate (default: the task's).
+        lambda_lr: the lambdas' learning rate (default: ``lr``, as the paper trains both together).
+        batch_size: examples per step (default: the task's).
+        seed: seeds the probe's initialisation, dropout and batch order (global RNG state is left untouched).
+        max_train_examples: keep only the first examples of the train split.
+        device: where to train (default: where ``mixed`` is).
+        progress: a tqdm bar over training steps.
+    """
+    task = get_task(task)
+    if task.kind == MLM:
+        raise ValueError("the lambda ranking needs a labelled task (sentence or token kind), not 'mlm'")
+    params = lambda_parameters(mixed)
+    length = int(mixed.config.papa_max_length)
+    if device is not None:
+        mixed.to(device)
+    device = params[0].device
+    split = load_split(task, "train", data_dir, max_train_examples)
+    calibrated_pairs = mixed.config.papa_calibrated_on == "pairs"
+    if task.kind != "token" and calibrated_pairs != task.pairs:
+        warnings.warn(
+            f"task {task.name!r} has {'pairs' if task.pairs else 'single sentences'} but the constants were "
+            f"calibrated on {'pairs' if calibrated_pairs else 'single sentences'}; calibrate with"
+            f"{'' if task.pairs else 'out'} --pairs for a faithful ranking",
+            stacklevel=2,
+        )
+    sep_id = mixed.config.papa_sep_token_id
+    sep_id = sep_id if sep_id is not None else tokenizer.sep_token_id
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    enc = encode_split(tokenizer, split.texts, split.labels, task.kind, task.pairs, length, sep_id)
+    batch_size = batch_size or task.batch_size
+    lr = lr or task.lr
+    lambda_lr = lambda_lr or lr
+    per_epoch = math.ceil(len(enc) / batch_size)
+    if steps is None:
+        steps = per_epoch * (task.epochs if epochs is None else epochs)
+    if steps < 0:
+        raise ValueError(f"steps must be >= 0, got {steps}")
+
+    mixed.eval()  # frozen backbone: no dropout; only the probe head trains
+    for param in mixed.parameters():
+        param.requires_grad_(False)
+    for param in params:
+        param.requires_grad_(True)
+    cfg = mixed.config
+    layers, hidden = cfg.num_hidden_layers + 1, cfg.hidden_size
+    loss_fn = nn.CrossEntropyLoss(ignore_index=IGNORE)
+    loss_value = None
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        torch.manual_seed(seed)
+        head = build_head(task.kind, layers, hidden, length, task.num_labels).to(device).train()
+        optimizer = torch.optim.AdamW(
+            [{"params": head.parameters()}, {"params": params, "lr": lambda_lr, "weight_decay": 0.0}], lr=lr
+        )
+        generator = torch.Generator().manual_seed(seed)
+        bar = tqdm(total=steps, desc=f"lambda ({task.name})", disable=not progress, unit="step")
+        done = 0
+        while done < steps:
+            for index in epoch_batches(enc.lengths, batch_size, generator):
+                if done >= steps:
+                    break
+                batch = pad_batch(enc, index, pad_id)
+                feats = _features(mixed, batch, device)  # (B, N, Ly, H)
+                slots = batch["slots"].to(device)  # (B, N)
+                target = batch_labels(enc.labels, index, slots.shape[1], task.kind).to(device)
+                logits = head(feats, slots)  # (B, C) or (B, N, C)
+                loss = loss_fn(logits.reshape(-1, logits.shape[-1]), target.reshape(-1))
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                optimizer.step()
+                done += 1
+                bar.update(1)
+                if done % 10 == 0 or done == steps:
+                    loss_value = float(loss.item())
+                    bar.set_postfix(loss=f"{loss_value:.4f}")
+        bar.close()
+    for param in params:
+        param.requires_grad_(False)
+    head.eval()
+    return LambdaFit(head, done, round(done / max(per_epoch, 1), 4), len(enc), split.source, loss_value)
+
+
+def train_lambdas(
+    model: nn.Module,
+    tokenizer,
+    constants: Constants,
+    task: str | Task,
+    data_dir: str | Path | None = None,
+    *,
+    steps: int | None = None,
+    epochs: int | None = None,
+    lr: float | None = None,
+    lambda_lr: float | None = None,
+    batch_size: int | None = None,
+    seed: int = 0,
+    max_train_examples: int | None = None,
+    device=None,
+    progress: bool = True,
+    source_name: str | None = None,
+) -> Ranking:
+    """The ``lambda`` ranking of ``model`` on ``task`` (paper section 3.2); the source is not changed.
+
+    Trains lambdas with a probe (see :func:`fit_lambdas` for the options) and orders every head by
+    ascending lambda (least input-dependent first), ties broken by (layer, head). ``Ranking.scores`` holds
+    the lambda of each head in that order; the provenance records task, data, seed, steps and the source.
+    """
+    task = get_task(task)
+    mixed = lambda_model(model, constants, tokenizer)
+    fit = fit_lambdas(
+        mixed,
+        tokenizer,
+        task,
+        data_dir,
+        steps=steps,
+        epochs=epochs,
+        lr=lr,
+        lambda_lr=lambda_lr,
+        batch_size=batch_size,
+        seed=seed,
+        max_train_examples=max_train_examples,
+        device=device,
+        progress=progress,
+    )
+    lambdas = lambda_values(mixed)  # (layers, heads)
+    order, scores = order_by_scores(lambdas.tolist(), ascending=True)
+    num_heads, num_layers = num_heads_layers(model.config)
+    lr = lr or task.lr
+    provenance = {
+        "task": task.name,
+        "data": fit.data,
+        "examples": fit.examples,
+        "seed": seed,
+        "steps": fit.steps,
+        "epochs": fit.epochs,
+        "lr": lr,
+        "lambda_lr": lambda_lr or lr,
+        "batch_size": batch_size or task.batch_size,
+        "final_loss": fit.loss,
+        "source_model": public_name(source_name or getattr(model.config, "_name_or_path", None)),
+        "constants": {
+            "kind": constants.kind,
+            "max_length": constants.max_length,
+            "pairs": constants.pairs,
+            "corpus": constants.metadata.get("corpus"),
+        },
+        "papa_surgery_version": __version__,
+    }
+    return Ranking("lambda", order, num_layers, num_heads, scores, provenance)
