@@ -136,11 +136,12 @@ def pad_batch(enc: Encoded, index: Sequence[int], pad_id: int) -> dict[str, torc
 
 
 @torch.inference_mode()
-def hidden_states(backbone: nn.Module, batch: dict[str, torch.Tensor], device) -> torch.Tensor:
-    """(B, N, Ly, H) hidden states of every layer (embeddings first) for a padded batch."""
+def hidden_states(backbone: nn.Module, batch: dict[str, torch.Tensor], device, stack: bool = True):
+    """(B, N, Ly, H) hidden states of every layer (embeddings first) for a padded batch (a tuple of Ly
+    (B, N, H) tensors when ``stack`` is False)."""
     inputs = {k: batch[k].to(device) for k in ("input_ids", "attention_mask", "token_type_ids") if k in batch}
     out = backbone(**inputs, output_hidden_states=True, return_dict=True)
-    return torch.stack(out.hidden_states, dim=2)  # (B, N, Ly, H)
+    return torch.stack(out.hidden_states, dim=2) if stack else out.hidden_states  # (B, N, Ly, H)
 
 
 def length_batches(lengths: Sequence[int], batch_size: int) -> list[list[int]]:
@@ -176,33 +177,40 @@ class FeatureStore:
     def _extract(self, batch_size: int, progress: bool, desc: str) -> None:
         offsets = torch.tensor([0, *self.enc.lengths]).cumsum(0)  # (n+1,)
         packed = torch.zeros(int(offsets[-1]) + 1, self.num_layers, self.hidden)  # (T+1, Ly, H); last row = padding
-        batches = length_batches(self.enc.lengths, batch_size)
         rank, world = dist_info()
-        mine = batches[rank::world]
+        mine = length_batches(self.enc.lengths, batch_size)[rank::world]
         results = []
         for index in tqdm(mine, desc=desc, disable=not progress or rank != 0, leave=False):
-            feats = hidden_states(self.backbone, pad_batch(self.enc, index, self.pad_id), self.device).float().cpu()
-            results.append((index, [feats[r, : len(self.enc.ids[i])] for r, i in enumerate(index)]))
+            padded = pad_batch(self.enc, index, self.pad_id)
+            real = padded["attention_mask"].bool()  # (B, N), right-padded
+            rows = (offsets[index][:, None] + torch.arange(real.shape[1])[None, :])[real]  # (tokens,)
+            layers = hidden_states(self.backbone, padded, self.device, stack=False)  # Ly x (B, N, H)
+            real = real.to(self.device)
+            if world > 1:
+                results.append((rows, torch.stack([h[real] for h in layers], dim=1).float().cpu()))  # (tokens, Ly, H)
+            else:
+                for layer, h in enumerate(layers):
+                    packed[rows, layer] = h[real].float().cpu()  # (tokens, H)
         if world > 1:
             gathered = [None] * world
             torch.distributed.all_gather_object(gathered, results)
-            results = [item for part in gathered for item in part]
-        for index, rows in results:
-            for i, row in zip(index, rows, strict=False):
-                packed[offsets[i] : offsets[i + 1]] = row
+            for rows, feats in (item for part in gathered for item in part):
+                packed[rows] = feats
         self.features, self.offsets = packed, offsets
+        self.lengths = torch.tensor(self.enc.lengths, dtype=torch.long)  # (n,)
+        self.slots = torch.cat([*self.enc.slots, torch.full((1,), -1, dtype=torch.long)])  # (T+1,)
 
     def batch(self, index: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
         """(B, N, Ly, H) features and (B, N) slots (-1 = padding) of the examples ``index``, right-padded."""
-        padded = pad_batch(self.enc, index, self.pad_id)
-        slots = padded["slots"]
         if not self.cached:
-            return hidden_states(self.backbone, padded, self.device).float(), slots.to(self.device)
-        pad_row = self.features.shape[0] - 1
-        rows = torch.full(slots.shape, pad_row, dtype=torch.long)  # (B, N) into the packed tensor
-        for r, i in enumerate(index):
-            k = len(self.enc.ids[i])
-            rows[r, :k] = torch.arange(int(self.offsets[i]), int(self.offsets[i]) + k)
+            padded = pad_batch(self.enc, index, self.pad_id)
+            return hidden_states(self.backbone, padded, self.device).float(), padded["slots"].to(self.device)
+        idx = torch.as_tensor(index, dtype=torch.long)
+        lengths = self.lengths[idx]  # (B,)
+        pos = torch.arange(int(lengths.max()))  # (N,)
+        real = pos[None, :] < lengths[:, None]  # (B, N)
+        rows = torch.where(real, self.offsets[idx][:, None] + pos[None, :], self.features.shape[0] - 1)  # (B, N)
+        slots = torch.where(real, self.slots[rows], -1)  # (B, N)
         return self.features[rows].to(self.device), slots.to(self.device)
 
 

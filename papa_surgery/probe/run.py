@@ -8,7 +8,9 @@ Data-parallel: under ``torch.distributed`` (e.g. ``accelerate launch``) the back
 dominates the cost, is sharded over processes (see ``features.FeatureStore``); every process then
 trains the same small probe on the same gathered features with the same seed, so the score equals a
 single process's score. The probe's own training is not split across processes: it is a few
-milliseconds per step and splitting it would change dropout masks and summation order.
+milliseconds per step and splitting it would change dropout masks and summation order. When the
+features exceed the cache budget, every process runs the backbone on every batch itself (same score,
+no speed-up). Progress bars show on rank 0 only.
 """
 
 from __future__ import annotations
