@@ -23,19 +23,11 @@ from papa_surgery.calibrate import calibrate
 from papa_surgery.constants import Constants
 from papa_surgery.convert import convert
 from papa_surgery.probe import load_split, probe
+from papa_surgery.ranking import label_free_ranking
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = Path(os.environ.get("PAPA_SHARED_DATA", REPO.parent / "shared" / "data"))
 MAX_LENGTH = 64  # SST-2's sequence length in the paper's App. B
-
-
-def heads_by_variance(constants: Constants, fraction: float) -> list[list[int]]:
-    """The round(fraction * total) heads with the lowest attention variance (most constant first)."""
-    layers, heads = constants.values.shape[:2]
-    cells = [[layer, head] for layer in range(layers) for head in range(heads)]
-    if constants.variance is not None:
-        cells.sort(key=lambda c: float(constants.variance[c[0], c[1]]))
-    return cells[: round(fraction * len(cells))]
 
 
 def main() -> None:
@@ -60,7 +52,7 @@ def main() -> None:
 
     rows = [("0 (source)", "-", probe(model, tokenizer, "sst2", max_length=MAX_LENGTH, **opts))]
     for fraction in (0.5, 1.0):
-        heads = heads_by_variance(average, fraction)
+        heads = label_free_ranking("variance", *average.values.shape[:2], average).select(fraction)
         for kind, constants in kinds.items():
             papa = convert(model, constants, heads, tokenizer=tokenizer, kind=kind, fraction=fraction)
             rows.append((f"{fraction:g}", kind, probe(papa, tokenizer, "sst2", **opts)))
