@@ -69,11 +69,14 @@ def load_source(
         output_loading_info=True,
         **model_kwargs,
     )
-    if auto_class == "AutoModelForMaskedLM" and info.get("missing_keys"):
-        # A folder without an MLM head silently gets a random one: its perplexity would mean nothing.
+    prefix = getattr(model, "base_model_prefix", "") + "."
+    missing_head = [k for k in info.get("missing_keys", []) if not k.startswith(prefix)]
+    if auto_class == "AutoModelForMaskedLM" and missing_head:
+        # A folder saved without its MLM head silently gets a random one: its perplexity would mean nothing.
         raise ValueError(
-            f"{name_or_path} has no trained masked-LM head (missing {sorted(info['missing_keys'])[0]}, ...); "
-            f"use a checkpoint saved with its MLM head (e.g. from AutoModelForMaskedLM)"
+            f"task 'mlm' needs a model with a masked-LM head (AutoModelForMaskedLM), but {name_or_path} has no "
+            f"weights for it (missing {', '.join(sorted(missing_head)[:3])}...); use a model or checkpoint saved "
+            f"with its MLM head"
         )
     tokenizer = transformers.AutoTokenizer.from_pretrained(name_or_path, revision=revision)
     if device is not None:

@@ -7,12 +7,13 @@ as the paper's figures show). Figures use the paper's axis: the share of heads k
 
 from __future__ import annotations
 
-import json
 import math
 import statistics
 from collections import defaultdict
 from fractions import Fraction
 from pathlib import Path
+
+from .results import read_rows
 
 GROUP_FIELDS = ("model", "task", "corpus", "kind", "method", "fraction")
 METHOD_PREFERENCE = ("lambda", "variance", "first-to-last", "last-to-first", "random", "reversed-lambda")
@@ -44,16 +45,7 @@ def load_results(path) -> list[dict]:
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"results file {str(path)!r} does not exist (write one with papa-surgery probe)")
-    lines = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-    rows = []
-    for i, line in enumerate(lines):
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            if i == len(lines) - 1:
-                break
-            raise ValueError(f"{path}: line {i + 1} is not JSON") from None
-    return rows
+    return read_rows(path)
 
 
 def _corpus(row: dict) -> str:

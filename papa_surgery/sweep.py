@@ -16,199 +16,24 @@ before the first line is written.
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import math
-import os
 import re
-from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import __version__
+from .results import TASK_CORPUS, append_row, cell_key, is_row, read_rows
+from .sweep_config import (  # noqa: F401  (re-exported: the sweep's public names)
+    CONSTANTS_METHODS,
+    DEFAULT_CORPUS,
+    DEFAULT_FRACTIONS,
+    SEEDED_METHODS,
+    SweepConfig,
+    _as_tuple,
+    parse_fractions,
+)
 
 logger = logging.getLogger("papa_surgery")
-
-DEFAULT_FRACTIONS = (0.0, 0.5, 0.875, 0.9375, 1.0)  # paper Fig. 2: {1, 1/2, 1/8, 1/16, 0} of heads kept
-TASK_CORPUS = "task"  # the task's own training texts, labels unused (paper 4.1)
-DEFAULT_CORPUS = "default"  # the WikiText-2 excerpt bundled with papa-surgery
-SEEDED_METHODS = ("random", "lambda", "reversed-lambda")
-CONSTANTS_METHODS = ("variance", "lambda", "reversed-lambda")  # rankings that need calibrated averages
-KEY_FIELDS = ("model", "task", "fraction", "kind", "method", "seed", "corpus")
-
-
-def _as_tuple(value) -> tuple:
-    if value is None:
-        return ()
-    if isinstance(value, (str, int, float)):
-        return (value,)
-    return tuple(value)
-
-
-@dataclass(frozen=True)
-class SweepConfig:
-    """One sweep: which model, tasks and cells, and how the probe runs.
-
-    Attributes:
-        model: a Hub id or local folder (source model, or a PAPA checkpoint probed as it is).
-        tasks: registered task names (``papa_surgery.probe.tasks.TASKS``).
-        fractions: shares of heads made constant (0 = the source, 1 = attention-free); default the paper's Fig. 2.
-        seeds: how many seeds (``3`` -> 0, 1, 2) or the seeds themselves.
-        kinds: constant kinds (``average`` = calibrated, or data-free ``identity``, ``toeplitz``, ``zeros``,
-            ``uniform``).
-        methods: ranking methods; default ``variance`` (no labels); ``lambda`` learns the paper's ranking.
-        corpus: calibration corpus: ``None``/``"task"`` = the task's own training texts, unlabelled (the
-            paper); ``"task:NAME"`` = the training texts of task NAME (paper Table 2 uses ``task:mnli``);
-            ``"default"`` = the bundled WikiText-2 excerpt; else anything ``load_corpus`` reads. A tuple
-            sweeps several corpora (Table 2).
-        data_dir: read tasks from local files (``../shared/data`` layout) instead of the Hub.
-        max_length: slot count L for every task; default each task's App. B sequence length.
-        max_train_examples, max_eval_examples: keep only the first examples of each split.
-        max_calibration_examples: cap on calibration examples; default ``max_train_examples`` for task corpora.
-        epochs, lr, batch_size: override the task's App. B probe hyperparameters.
-        calibration_batch_size: examples per calibration forward pass.
-        device, dtype: where and in which dtype the model runs.
-        cache_gb: memory budget for the probe's cached hidden states.
-        save_artifacts: save constants and rankings in ``<results>.artifacts/`` (and reuse them on resume).
-        rank_options: extra keyword arguments for ``ranking.lambda_rank`` training (lambda methods only).
-        label: the model's name in the results (default ``model``; e.g. a Hub id for a local copy).
-    """
-
-    model: str
-    tasks: tuple[str, ...] = ("sst2",)
-    fractions: tuple[float, ...] = DEFAULT_FRACTIONS
-    seeds: int | tuple[int, ...] = 3
-    kinds: tuple[str, ...] = ("average",)
-    methods: tuple[str, ...] = ("variance",)
-    corpus: str | tuple[str, ...] | None = None
-    data_dir: str | None = None
-    max_length: int | None = None
-    max_train_examples: int | None = None
-    max_eval_examples: int | None = None
-    max_calibration_examples: int | None = None
-    epochs: int | None = None
-    lr: float | None = None
-    batch_size: int | None = None
-    calibration_batch_size: int = 32
-    device: str | None = None
-    dtype: str | None = None
-    cache_gb: float = 4.0
-    save_artifacts: bool = True
-    rank_options: dict = field(default_factory=dict, hash=False)
-    label: str | None = None
-
-    @property
-    def model_name(self) -> str:
-        """The model as results rows name it."""
-        return self.label or self.model
-
-    @property
-    def seed_list(self) -> tuple[int, ...]:
-        if isinstance(self.seeds, int):
-            return tuple(range(self.seeds))
-        return tuple(int(s) for s in self.seeds)
-
-    @property
-    def corpora(self) -> tuple[str, ...]:
-        return tuple(TASK_CORPUS if c is None else str(c) for c in (_as_tuple(self.corpus) or (None,)))
-
-    def validate(self) -> None:
-        """ValueError for any input the sweep cannot run (before anything is computed or written)."""
-        from .constants import KINDS
-        from .probe.tasks import get_task
-        from .ranking import check_fraction, check_method
-
-        if not _as_tuple(self.tasks):
-            raise ValueError("a sweep needs at least one task")
-        for name in _as_tuple(self.tasks):
-            get_task(name)
-        if not _as_tuple(self.fractions):
-            raise ValueError("a sweep needs at least one fraction")
-        for f in _as_tuple(self.fractions):
-            check_fraction(f)
-        seeds = self.seed_list
-        if not seeds or any(s < 0 for s in seeds) or len(set(seeds)) != len(seeds):
-            raise ValueError(f"seeds must be a positive count or distinct non-negative integers, got {self.seeds!r}")
-        for kind in _as_tuple(self.kinds) or ("",):
-            if kind not in KINDS:
-                raise ValueError(f"unknown constant kind {kind!r}; choose one of {', '.join(KINDS)}")
-        for method in _as_tuple(self.methods) or ("",):
-            check_method(method)
-        for spec in self.corpora:
-            if spec.startswith(TASK_CORPUS + ":"):
-                get_task(spec.split(":", 1)[1])
-        if self.data_dir is not None and not Path(self.data_dir).is_dir():
-            raise ValueError(f"--data-dir {self.data_dir} is not a folder")
-        if self.max_length is not None and self.max_length < 4:
-            raise ValueError(f"max_length must be at least 4, got {self.max_length}")
-
-    def cells(self) -> list[dict]:
-        """Every cell of the sweep, in the order it runs (seeds innermost, so a converted model serves all)."""
-        from .probe.tasks import get_task
-
-        out = []
-        for task in _as_tuple(self.tasks):
-            for corpus in self.corpora:
-                for kind in _as_tuple(self.kinds):
-                    for method in _as_tuple(self.methods):
-                        for fraction in _as_tuple(self.fractions):
-                            for seed in self.seed_list:
-                                out.append(
-                                    dict(
-                                        model=self.model_name,
-                                        task=get_task(task).name,
-                                        fraction=float(fraction),
-                                        kind=kind,
-                                        method=method,
-                                        seed=int(seed),
-                                        corpus=corpus,
-                                    )
-                                )
-        return out
-
-
-def cell_key(row: dict) -> tuple:
-    """The resume key of a results row: (model, task, fraction, kind, method, seed, corpus)."""
-    corpus = row.get("corpus") or TASK_CORPUS
-    return (
-        str(row["model"]),
-        str(row["task"]),
-        round(float(row["fraction"]), 6),
-        str(row["kind"]),
-        str(row["method"]),
-        int(row["seed"]),
-        str(corpus),
-    )
-
-
-def read_rows(path: str | Path, repair: bool = False) -> list[dict]:
-    """Rows of a results file; a torn last line (a sweep killed mid-write) is dropped (and cut off if ``repair``).
-
-    Raises:
-        ValueError: a malformed line anywhere but at the end.
-    """
-    path = Path(path)
-    if not path.is_file():
-        return []
-    data = path.read_bytes()
-    lines = data.split(b"\n")
-    rows, good_end, offset = [], 0, 0
-    for i, line in enumerate(lines):
-        end = offset + len(line) + 1
-        if line.strip():
-            try:
-                rows.append(json.loads(line))
-                good_end = min(end, len(data))
-            except json.JSONDecodeError:
-                if any(x.strip() for x in lines[i + 1 :]):
-                    raise ValueError(f"{path}: line {i + 1} is not JSON; fix or remove it to resume") from None
-                logger.warning("%s: dropping a torn last line (an interrupted write)", path)
-                if repair:
-                    with open(path, "r+b") as f:
-                        f.truncate(good_end)
-                break
-        offset = end
-    return rows
 
 
 def _slug(text: str) -> str:
@@ -243,7 +68,9 @@ class _Sweep:
 
         cfg = self.config
         if self.model is None and need_mlm:
-            self.model, self.tokenizer = _load_mlm(cfg.model, cfg.dtype, cfg.device)
+            self.model, self.tokenizer = load_source(
+                cfg.model, "AutoModelForMaskedLM", dtype=cfg.dtype, device=cfg.device
+            )
         elif self.model is None:
             self.model, self.tokenizer = load_source(cfg.model, dtype=cfg.dtype, device=cfg.device)
         elif cfg.device is not None:
@@ -599,7 +426,7 @@ def run_sweep(
 
     config.validate()
     out_path = Path(out_path)
-    done = {cell_key(r): r for r in read_rows(out_path, repair=True) if _is_row(r)}
+    done = {cell_key(r): r for r in read_rows(out_path, repair=True) if is_row(r)}
     sweep = _Sweep(config, out_path, progress, model, tokenizer)
     tasks = [get_task(t) for t in _as_tuple(config.tasks)]
     model_config = model.config if model is not None else _config_of(config)
@@ -625,71 +452,12 @@ def run_sweep(
                 **body,
                 "papa_surgery_version": __version__,
             }
-            _append(out_path, row)
+            append_row(out_path, row)
             done[cell_key(row)] = row
     return [done[cell_key(c)] for c in cells]
-
-
-def _load_mlm(name: str, dtype=None, device=None):
-    """(model with its masked-LM head, tokenizer); ValueError when the folder or Hub model has no such head.
-
-    ``AutoModelForMaskedLM.from_pretrained`` on an encoder saved without its MLM head silently initialises a
-    random head; its scores would be meaningless, so the missing head is an error here.
-    """
-    import transformers
-
-    from .architectures import is_papa_config
-    from .loading import load_config, resolve_dtype
-
-    remote = is_papa_config(load_config(name))
-    model, info = transformers.AutoModelForMaskedLM.from_pretrained(
-        name, dtype=resolve_dtype(dtype), trust_remote_code=remote, output_loading_info=True
-    )
-    prefix = getattr(model, "base_model_prefix", "") + "."
-    missing = [k for k in info.get("missing_keys", []) if not k.startswith(prefix)]
-    if missing:
-        raise ValueError(
-            f"task 'mlm' needs a model with a masked-LM head (AutoModelForMaskedLM), but {name} has no weights "
-            f"for it (missing {', '.join(sorted(missing)[:3])}...); probe a model or checkpoint saved with its MLM head"
-        )
-    tokenizer = transformers.AutoTokenizer.from_pretrained(name)
-    if device is not None:
-        model.to(device)
-    return model.eval(), tokenizer
 
 
 def _config_of(config: SweepConfig):
     from .loading import load_config
 
     return load_config(config.model)
-
-
-def _is_row(row) -> bool:
-    return isinstance(row, dict) and all(k in row for k in ("model", "task", "fraction", "kind", "method", "seed"))
-
-
-def _append(path: Path, row: dict) -> None:
-    line = json.dumps(row, default=_json_default, allow_nan=True)
-    with open(path, "a", encoding="utf-8") as f:
-        f.write(line + "\n")
-        f.flush()
-        os.fsync(f.fileno())
-
-
-def _json_default(value):
-    if hasattr(value, "item"):
-        return value.item()
-    return str(value)
-
-
-def parse_fractions(text: str | Sequence[float]) -> tuple[float, ...]:
-    """``"0,0.5,7/8"`` -> (0.0, 0.5, 0.875); ValueError outside [0, 1]."""
-    from fractions import Fraction
-
-    from .ranking import check_fraction
-
-    items = text.split(",") if isinstance(text, str) else list(text)
-    out = tuple(check_fraction(float(Fraction(str(x).strip()))) for x in items if str(x).strip())
-    if not out:
-        raise ValueError("no fractions given")
-    return out

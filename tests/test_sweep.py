@@ -8,7 +8,8 @@ import random
 import pytest
 
 import papa_surgery.probe as probe_pkg
-from papa_surgery.sweep import DEFAULT_FRACTIONS, SweepConfig, cell_key, read_rows, run_sweep
+from papa_surgery.results import cell_key, read_rows
+from papa_surgery.sweep import DEFAULT_FRACTIONS, SweepConfig, run_sweep
 
 POSITIVE = ["charming", "fun", "astounding", "affecting", "good", "great"]
 NEGATIVE = ["bleak", "desperate", "dull", "bad", "awful", "boring"]

@@ -1,0 +1,80 @@
+"""The results file of a sweep: one JSON line per probed cell, appended and flushed as cells finish.
+
+Shared by ``sweep`` (resume: skip cells already in the file) and ``report`` (tables and figures).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+
+logger = logging.getLogger("papa_surgery")
+
+TASK_CORPUS = "task"  # the task's own training texts, labels unused (paper 4.1)
+KEY_FIELDS = ("model", "task", "fraction", "kind", "method", "seed", "corpus")
+
+
+def cell_key(row: dict) -> tuple:
+    """The resume key of a results row: (model, task, fraction, kind, method, seed, corpus)."""
+    corpus = row.get("corpus") or TASK_CORPUS
+    return (
+        str(row["model"]),
+        str(row["task"]),
+        round(float(row["fraction"]), 6),
+        str(row["kind"]),
+        str(row["method"]),
+        int(row["seed"]),
+        str(corpus),
+    )
+
+
+def read_rows(path: str | Path, repair: bool = False) -> list[dict]:
+    """Rows of a results file; a torn last line (a sweep killed mid-write) is dropped (and cut off if ``repair``).
+
+    Raises:
+        ValueError: a malformed line anywhere but at the end.
+    """
+    path = Path(path)
+    if not path.is_file():
+        return []
+    data = path.read_bytes()
+    lines = data.split(b"\n")
+    rows, good_end, offset = [], 0, 0
+    for i, line in enumerate(lines):
+        end = offset + len(line) + 1
+        if line.strip():
+            try:
+                rows.append(json.loads(line))
+                good_end = min(end, len(data))
+            except json.JSONDecodeError:
+                if any(x.strip() for x in lines[i + 1 :]):
+                    raise ValueError(f"{path}: line {i + 1} is not JSON; fix or remove it to resume") from None
+                logger.warning("%s: dropping a torn last line (an interrupted write)", path)
+                if repair:
+                    with open(path, "r+b") as f:
+                        f.truncate(good_end)
+                break
+        offset = end
+    return rows
+
+
+def is_row(row) -> bool:
+    """Whether a parsed line is a results row (has every key field but the corpus)."""
+    return isinstance(row, dict) and all(k in row for k in KEY_FIELDS[:-1])
+
+
+def append_row(path: Path, row: dict) -> None:
+    """Append one row and flush it to disk, so an interrupted sweep loses at most the cell it was running."""
+    line = json.dumps(row, default=_json_default, allow_nan=True)
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(line + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _json_default(value):
+    if hasattr(value, "item"):
+        return value.item()
+    return str(value)

@@ -1,0 +1,157 @@
+"""What a sweep covers: ``SweepConfig`` (tasks, fractions, seeds, kinds, methods, corpora) and its cells."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .results import TASK_CORPUS
+
+DEFAULT_FRACTIONS = (0.0, 0.5, 0.875, 0.9375, 1.0)  # paper Fig. 2: {1, 1/2, 1/8, 1/16, 0} of heads kept
+DEFAULT_CORPUS = "default"  # the WikiText-2 excerpt bundled with papa-surgery
+SEEDED_METHODS = ("random", "lambda", "reversed-lambda")
+CONSTANTS_METHODS = ("variance", "lambda", "reversed-lambda")  # rankings that need calibrated averages
+
+
+def _as_tuple(value) -> tuple:
+    if value is None:
+        return ()
+    if isinstance(value, (str, int, float)):
+        return (value,)
+    return tuple(value)
+
+
+@dataclass(frozen=True)
+class SweepConfig:
+    """One sweep: which model, tasks and cells, and how the probe runs.
+
+    Attributes:
+        model: a Hub id or local folder (source model, or a PAPA checkpoint probed as it is).
+        tasks: registered task names (``papa_surgery.probe.tasks.TASKS``).
+        fractions: shares of heads made constant (0 = the source, 1 = attention-free); default the paper's Fig. 2.
+        seeds: how many seeds (``3`` -> 0, 1, 2) or the seeds themselves.
+        kinds: constant kinds (``average`` = calibrated, or data-free ``identity``, ``toeplitz``, ``zeros``,
+            ``uniform``).
+        methods: ranking methods; default ``variance`` (no labels); ``lambda`` learns the paper's ranking.
+        corpus: calibration corpus: ``None``/``"task"`` = the task's own training texts, unlabelled (the
+            paper); ``"task:NAME"`` = the training texts of task NAME (paper Table 2 uses ``task:mnli``);
+            ``"default"`` = the bundled WikiText-2 excerpt; else anything ``load_corpus`` reads. A tuple
+            sweeps several corpora (Table 2).
+        data_dir: read tasks from local files (``../shared/data`` layout) instead of the Hub.
+        max_length: slot count L for every task; default each task's App. B sequence length.
+        max_train_examples, max_eval_examples: keep only the first examples of each split.
+        max_calibration_examples: cap on calibration examples; default ``max_train_examples`` for task corpora.
+        epochs, lr, batch_size: override the task's App. B probe hyperparameters.
+        calibration_batch_size: examples per calibration forward pass.
+        device, dtype: where and in which dtype the model runs.
+        cache_gb: memory budget for the probe's cached hidden states.
+        save_artifacts: save constants and rankings in ``<results>.artifacts/`` (and reuse them on resume).
+        rank_options: extra keyword arguments for ``ranking.lambda_rank`` training (lambda methods only).
+        label: the model's name in the results (default ``model``; e.g. a Hub id for a local copy).
+    """
+
+    model: str
+    tasks: tuple[str, ...] = ("sst2",)
+    fractions: tuple[float, ...] = DEFAULT_FRACTIONS
+    seeds: int | tuple[int, ...] = 3
+    kinds: tuple[str, ...] = ("average",)
+    methods: tuple[str, ...] = ("variance",)
+    corpus: str | tuple[str, ...] | None = None
+    data_dir: str | None = None
+    max_length: int | None = None
+    max_train_examples: int | None = None
+    max_eval_examples: int | None = None
+    max_calibration_examples: int | None = None
+    epochs: int | None = None
+    lr: float | None = None
+    batch_size: int | None = None
+    calibration_batch_size: int = 32
+    device: str | None = None
+    dtype: str | None = None
+    cache_gb: float = 4.0
+    save_artifacts: bool = True
+    rank_options: dict = field(default_factory=dict, hash=False)
+    label: str | None = None
+
+    @property
+    def model_name(self) -> str:
+        """The model as results rows name it."""
+        return self.label or self.model
+
+    @property
+    def seed_list(self) -> tuple[int, ...]:
+        if isinstance(self.seeds, int):
+            return tuple(range(self.seeds))
+        return tuple(int(s) for s in self.seeds)
+
+    @property
+    def corpora(self) -> tuple[str, ...]:
+        return tuple(TASK_CORPUS if c is None else str(c) for c in (_as_tuple(self.corpus) or (None,)))
+
+    def validate(self) -> None:
+        """ValueError for any input the sweep cannot run (before anything is computed or written)."""
+        from .constants import KINDS
+        from .probe.tasks import get_task
+        from .ranking import check_fraction, check_method
+
+        if not _as_tuple(self.tasks):
+            raise ValueError("a sweep needs at least one task")
+        for name in _as_tuple(self.tasks):
+            get_task(name)
+        if not _as_tuple(self.fractions):
+            raise ValueError("a sweep needs at least one fraction")
+        for f in _as_tuple(self.fractions):
+            check_fraction(f)
+        seeds = self.seed_list
+        if not seeds or any(s < 0 for s in seeds) or len(set(seeds)) != len(seeds):
+            raise ValueError(f"seeds must be a positive count or distinct non-negative integers, got {self.seeds!r}")
+        for kind in _as_tuple(self.kinds) or ("",):
+            if kind not in KINDS:
+                raise ValueError(f"unknown constant kind {kind!r}; choose one of {', '.join(KINDS)}")
+        for method in _as_tuple(self.methods) or ("",):
+            check_method(method)
+        for spec in self.corpora:
+            if spec.startswith(TASK_CORPUS + ":"):
+                get_task(spec.split(":", 1)[1])
+        if self.data_dir is not None and not Path(self.data_dir).is_dir():
+            raise ValueError(f"--data-dir {self.data_dir} is not a folder")
+        if self.max_length is not None and self.max_length < 4:
+            raise ValueError(f"max_length must be at least 4, got {self.max_length}")
+
+    def cells(self) -> list[dict]:
+        """Every cell of the sweep, in the order it runs (seeds innermost, so a converted model serves all)."""
+        from .probe.tasks import get_task
+
+        out = []
+        for task in _as_tuple(self.tasks):
+            for corpus in self.corpora:
+                for kind in _as_tuple(self.kinds):
+                    for method in _as_tuple(self.methods):
+                        for fraction in _as_tuple(self.fractions):
+                            for seed in self.seed_list:
+                                out.append(
+                                    dict(
+                                        model=self.model_name,
+                                        task=get_task(task).name,
+                                        fraction=float(fraction),
+                                        kind=kind,
+                                        method=method,
+                                        seed=int(seed),
+                                        corpus=corpus,
+                                    )
+                                )
+        return out
+
+
+def parse_fractions(text: str | Sequence[float]) -> tuple[float, ...]:
+    """``"0,0.5,7/8"`` -> (0.0, 0.5, 0.875); ValueError outside [0, 1]."""
+    from fractions import Fraction
+
+    from .ranking import check_fraction
+
+    items = text.split(",") if isinstance(text, str) else list(text)
+    out = tuple(check_fraction(float(Fraction(str(x).strip()))) for x in items if str(x).strip())
+    if not out:
+        raise ValueError("no fractions given")
+    return out
