@@ -270,10 +270,20 @@ def analyze(ctx, model, analysis, corpus, max_length, max_examples, batch_size, 
 
     model_obj, tokenizer = load_model(model, RunOptions(device=device, batch_size=batch_size))
     src = load_corpus(corpus, max_examples=max_examples) if corpus else default_corpus(max_examples=max_examples)
-    paths = run_analysis(
-        model_obj, tokenizer, src, analysis, out, max_length=max_length, batch_size=batch_size, progress=_progress(ctx)
+    run_analysis(
+        model_obj,
+        tokenizer,
+        src,
+        analysis,
+        out,
+        max_length=max_length,
+        batch_size=batch_size,
+        progress=_progress(ctx),
+        source_name=model,
     )
-    for path in paths or []:
+    from pathlib import Path
+
+    for path in sorted(Path(out).iterdir()):
         click.echo(f"wrote {path}")
 
 

@@ -20,7 +20,8 @@ from safetensors.torch import save_file
 from . import __version__
 
 DATA_FREE_KINDS = ("identity", "toeplitz", "zeros", "uniform")
-KINDS = ("average", *DATA_FREE_KINDS)
+ANALYSIS_KINDS = ("norm-average", "effective-average")  # papa_surgery.analysis.analysis_constants
+KINDS = ("average", *ANALYSIS_KINDS, *DATA_FREE_KINDS)
 
 
 def _kind_matrix(kind: str, max_length: int) -> torch.Tensor:
@@ -87,6 +88,8 @@ class Constants:
     @classmethod
     def from_kind(cls, kind: str, num_layers: int, num_heads: int, max_length: int, **metadata) -> Constants:
         """Data-free constants of one kind for every layer and head."""
+        if kind in ANALYSIS_KINDS:
+            raise ValueError(f"{kind!r} constants come from papa_surgery.analysis.analysis_constants() on a corpus")
         if kind == "average":
             raise ValueError(
                 "'average' constants come from calibrate(); data-free kinds: " + ", ".join(DATA_FREE_KINDS)

@@ -155,6 +155,11 @@ def obtain_ranking(
         ranking.check_compatible(model.config)
         return ranking
     method = check_rank_inputs(rank.method or ("lambda" if rank.task else "variance"), rank.task)
+    if method == "norm" and (constants is None or "contribution" not in constants.metadata):
+        # The norm ranking reads each head's mean contribution ||alpha f||, measured with norm-average constants.
+        constants = obtain_constants(
+            model, tokenizer, source, cal or CalibrationOptions(), run, kind="norm-average", progress=progress
+        )
     if method in ("variance", "lambda", "reversed-lambda") and (constants is None or constants.variance is None):
         # Data-free kinds carry no calibration: the ranking still needs calibrated averages.
         constants = obtain_constants(model, tokenizer, source, cal or CalibrationOptions(), run, progress=progress)

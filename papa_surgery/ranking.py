@@ -6,6 +6,7 @@ the last; ``--fraction f`` takes the first ``round(f * total)`` heads. Methods:
 - ``lambda`` (paper 3.2): learned mixing weights, smallest lambda first (see ``lambda_rank.py``);
 - ``reversed-lambda``: largest lambda first (the paper's "Reversed");
 - ``variance``: the label-free input-dependence score from calibration, lowest first;
+- ``norm``: the smallest mean contribution ||alpha f|| first (Kobayashi et al. 2020; ``analysis``);
 - ``first-to-last`` / ``last-to-first``: layer order, in-layer head order inside;
 - ``random``: a seeded permutation.
 """
@@ -21,8 +22,8 @@ from pathlib import Path
 
 from . import __version__
 
-METHODS = ("lambda", "reversed-lambda", "variance", "first-to-last", "last-to-first", "random")
-LABEL_FREE_METHODS = ("variance", "first-to-last", "last-to-first", "random")
+METHODS = ("lambda", "reversed-lambda", "variance", "norm", "first-to-last", "last-to-first", "random")
+LABEL_FREE_METHODS = ("variance", "norm", "first-to-last", "last-to-first", "random")
 
 
 def check_method(method: str) -> str:
@@ -144,6 +145,10 @@ def label_free_ranking(method: str, num_layers: int, num_heads: int, constants=N
     elif method in ("first-to-last", "last-to-first"):
         layers = range(num_layers) if method == "first-to-last" else reversed(range(num_layers))
         order = [[layer, head] for layer in layers for head in range(num_heads)]
+    elif method == "norm":  # Kobayashi et al. 2020: smallest mean ||alpha f|| first (norm-average constants)
+        from .analysis import norm_ranking
+
+        return norm_ranking(constants)
     elif method == "random":
         order = [[layer, head] for layer in range(num_layers) for head in range(num_heads)]
         random.Random(seed).shuffle(order)

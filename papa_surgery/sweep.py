@@ -25,6 +25,7 @@ from . import __version__
 from .results import TASK_CORPUS, append_row, cell_key, is_row, read_rows
 from .sweep_config import (  # noqa: F401  (re-exported: the sweep's public names)
     CONSTANTS_METHODS,
+    CORPUS_KINDS,
     DEFAULT_CORPUS,
     DEFAULT_FRACTIONS,
     SEEDED_METHODS,
@@ -156,12 +157,14 @@ class _Sweep:
         corpus = load_corpus(spec, pairs=task.pairs, max_examples=cfg.max_calibration_examples)
         return corpus, ("corpus", spec, task.pairs, cfg.max_calibration_examples)
 
-    def calibrated(self, spec: str, task, length: int):
+    def calibrated(self, spec: str, task, length: int, kind: str = "average"):
+        """Constants averaged over a corpus: calibrated (``average``) or from an analysis (``norm-average``...)."""
+        from .analysis import analysis_constants
         from .calibrate import calibrate
         from .constants import Constants
 
         corpus, key = self.open_corpus(spec, task)
-        key = (*key, length)
+        key = (*key, length) if kind == "average" else (*key, length, kind)
         if key not in self.constants:
             path = self.artifact("constants", key, ".safetensors")
             constants = None
@@ -169,6 +172,19 @@ class _Sweep:
                 constants = Constants.load(path)
                 if constants.max_length != length or constants.variance is None:
                     constants = None
+            if constants is None and kind != "average":
+                constants = analysis_constants(
+                    kind,
+                    self.model,
+                    self.tokenizer,
+                    corpus,
+                    max_length=length,
+                    pairs=corpus.pairs,
+                    batch_size=self.config.calibration_batch_size,
+                    device=self.config.device,
+                    progress=self.progress,
+                    source_name=self.config.model_name,
+                )
             if constants is None:
                 constants = calibrate(
                     self.model,
@@ -190,15 +206,14 @@ class _Sweep:
         from .architectures import num_heads_layers
         from .constants import Constants
 
-        if kind == "average":
-            return self.calibrated(spec, task, length)
+        if kind in CORPUS_KINDS:
+            return self.calibrated(spec, task, length, kind)
         heads, layers = num_heads_layers(self.model.config)
         return Constants.from_kind(kind, layers, heads, length, source_model=self.config.model_name)
 
     # ---------------------------------------------------------------------------------------- ranking
     def ranking(self, method: str, spec: str, task, length: int, seed: int):
         from . import ranking as ranking_mod
-        from .architectures import num_heads_layers
 
         seeded = method in SEEDED_METHODS
         uses_constants = method in CONSTANTS_METHODS
@@ -216,30 +231,27 @@ class _Sweep:
         elif method == "reversed-lambda":  # the lambda ranking read backwards: train the lambdas once
             ranking = ranking_mod.reversed_ranking(self.ranking("lambda", spec, task, length, seed))
         else:
-            constants = self.calibrated(spec, task, length) if uses_constants else None
-            if not hasattr(ranking_mod, "rank_heads"):
-                heads, layers = num_heads_layers(self.model.config)
-                ranking = ranking_mod.label_free_ranking(method, layers, heads, constants, seed)
-            else:
-                opts = {}
-                if method == "lambda":
-                    opts = dict(
-                        max_train_examples=self.config.max_train_examples,
-                        device=self.config.device,
-                        progress=self.progress,
-                        source_name=self.config.model_name,
-                    )
-                    opts.update(self.config.rank_options)
-                ranking = ranking_mod.rank_heads(
-                    method,
-                    self.model,
-                    tokenizer=self.tokenizer,
-                    constants=constants,
-                    task=task.name,
-                    data_dir=self.config.data_dir,
-                    seed=seed,
-                    **opts,
+            kind = "norm-average" if method == "norm" else "average"  # the norm ranking reads head contributions
+            constants = self.calibrated(spec, task, length, kind) if uses_constants else None
+            opts = {}
+            if method == "lambda":
+                opts = dict(
+                    max_train_examples=self.config.max_train_examples,
+                    device=self.config.device,
+                    progress=self.progress,
+                    source_name=self.config.model_name,
                 )
+                opts.update(self.config.rank_options)
+            ranking = ranking_mod.rank_heads(
+                method,
+                self.model,
+                tokenizer=self.tokenizer,
+                constants=constants,
+                task=task.name,
+                data_dir=self.config.data_dir,
+                seed=seed,
+                **opts,
+            )
             if self.config.save_artifacts:
                 ranking.save(path)
         ranking.check_compatible(self.model.config)

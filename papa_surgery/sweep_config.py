@@ -11,7 +11,8 @@ from .results import TASK_CORPUS
 DEFAULT_FRACTIONS = (0.0, 0.5, 0.875, 0.9375, 1.0)  # paper Fig. 2: {1, 1/2, 1/8, 1/16, 0} of heads kept
 DEFAULT_CORPUS = "default"  # the WikiText-2 excerpt bundled with papa-surgery
 SEEDED_METHODS = ("random", "lambda", "reversed-lambda")
-CONSTANTS_METHODS = ("variance", "lambda", "reversed-lambda")  # rankings that need calibrated averages
+CONSTANTS_METHODS = ("variance", "lambda", "reversed-lambda", "norm")  # rankings that need corpus averages
+CORPUS_KINDS = ("average", "norm-average", "effective-average")  # constants averaged over a corpus
 
 
 def _as_tuple(value) -> tuple:

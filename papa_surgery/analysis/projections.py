@@ -1,0 +1,134 @@
+"""Per-head value and output projections: f_h(x) = (x W_V^h + b_V^h) W_O^h, family by family.
+
+``hub_code/families.py`` names each family's query/key/value projections; the analyses also need the
+output projection that mixes the heads back into the residual stream, which for BERT-like families lives
+outside the self-attention module (``BertSelfOutput.dense``). That knowledge is data here, keyed by
+``model_type``, so the family table that ships in checkpoints stays unchanged.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..architectures import get_family, num_heads_layers
+from ..hub_code.modeling_papa import attention_modules
+
+# Where the output projection sits, relative to the self-attention module ("../" = its parent module).
+OUTPUT_PROJECTIONS: dict[str, str] = {
+    "bert": "../output.dense",
+    "roberta": "../output.dense",
+    "xlm-roberta": "../output.dense",
+    "electra": "../output.dense",
+    "distilbert": "out_lin",
+    "mpnet": "o",
+    "deberta": "../output.dense",
+    "deberta-v2": "../output.dense",
+}
+
+# Families whose value rows hide in a fused projection: DeBERTa v1's ``in_proj`` holds, per head, its
+# query, key and value rows interleaved ([q_0 k_0 v_0 q_1 k_1 v_1 ...], head size each), and the value bias
+# is the separate ``v_bias`` parameter.
+FUSED_QKV: dict[str, str] = {"deberta": "v_bias"}
+
+
+@dataclass
+class HeadProjections:
+    """The value/output maps of one layer, split by head (H heads of size d, model width D).
+
+    Attributes:
+        w_v: (H, D, d) so that the head's value vector is ``x @ w_v[h] + b_v[h]``.
+        b_v: (H, d) value bias.
+        w_o: (H, d, D) the head's slice of the output projection (its bias is left out).
+        b_o: (D,) the output projection's bias (only used to check reconstructions).
+    """
+
+    w_v: torch.Tensor
+    b_v: torch.Tensor
+    w_o: torch.Tensor
+    b_o: torch.Tensor | None
+
+    @property
+    def num_heads(self) -> int:
+        return self.w_v.shape[0]
+
+    def to(self, dtype: torch.dtype, device=None) -> HeadProjections:
+        conv = lambda t: None if t is None else t.to(device=device, dtype=dtype)
+        return HeadProjections(conv(self.w_v), conv(self.b_v), conv(self.w_o), conv(self.b_o))
+
+    def values(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, N, D) layer input -> (B, N, H, d) per-head value vectors (bias included)."""
+        h, d_model, d = self.w_v.shape
+        w = self.w_v.transpose(0, 1).reshape(d_model, h * d)  # (D, H*d)
+        return (x @ w).view(*x.shape[:-1], h, d) + self.b_v  # (B, N, H, d)
+
+    def transformed(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, N, D) layer input -> (B, N, H, D) the vectors f_h(x_j) each head passes on (a permuted view)."""
+        v = self.values(x)  # (B, N, H, d)
+        b, n, h, d = v.shape
+        f = torch.matmul(v.permute(2, 0, 1, 3).reshape(h, b * n, d), self.w_o)  # (H, B*N, D)
+        return f.view(h, b, n, -1).permute(1, 2, 0, 3)  # (B, N, H, D)
+
+    def value_norms(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, N, D) -> (B, H, N) ||f_h(x_j)||, without forming f: ||v W_O^h||^2 = v^T (W_O^h W_O^h^T) v."""
+        v = self.values(x).transpose(1, 2)  # (B, H, N, d)
+        gram = self.w_o @ self.w_o.transpose(1, 2)  # (H, d, d)
+        return ((v @ gram) * v).sum(-1).clamp_min(0).sqrt()  # (B, H, N)
+
+    def output_factor(self) -> torch.Tensor:
+        """(H, d, d) upper-triangular R_h from the thin QR ``W_O^h^T = Q_h R_h`` (Q_h: (D, d), orthonormal columns).
+
+        ``T = V_h W_O^h = (V_h R_h^T) Q_h^T``, so T's left singular vectors and singular values are those of
+        the small (n, d) matrix ``V_h R_h^T``: the SVD never touches the model width D.
+        """
+        from .effective import _lapack_threads
+
+        with _lapack_threads(self.w_o.device):
+            return torch.linalg.qr(self.w_o.transpose(1, 2), mode="reduced").R  # (H, d, d)
+
+
+def _resolve(root: torch.nn.Module, modules: dict, name: str, path: str) -> torch.nn.Module:
+    while path.startswith("../"):
+        name = name.rsplit(".", 1)[0] if "." in name else ""
+        path = path[3:]
+    target = modules[name] if name else root
+    for part in path.split("."):
+        target = getattr(target, part)
+    return target
+
+
+def output_projection_modules(model) -> list[torch.nn.Module]:
+    """The output projection (an ``nn.Linear`` over the concatenated heads) of every layer, in layer order."""
+    family = get_family(model)
+    path = OUTPUT_PROJECTIONS[family.model_type]
+    names = {id(m): n for n, m in model.named_modules()}
+    modules = dict(model.named_modules())
+    return [_resolve(model, modules, names[id(m)], path) for m in attention_modules(model)]
+
+
+def head_projections(model) -> list[HeadProjections]:
+    """Per-layer ``HeadProjections`` of a supported source model (float32 copies of the weights)."""
+    family = get_family(model)
+    if family.model_type not in OUTPUT_PROJECTIONS:
+        raise ValueError(f"no output projection known for model_type={family.model_type!r}")
+    heads, _ = num_heads_layers(model.config)
+    out = []
+    for attn, proj in zip(attention_modules(model), output_projection_modules(model), strict=True):
+        w_o_full = proj.weight.detach().float()  # (D, H*d)
+        d_model, width = w_o_full.shape
+        d = width // heads
+        if family.model_type in FUSED_QKV:
+            w = getattr(attn, family.v).weight.detach().float()  # (3*H*d, D)
+            w_rows = w.view(heads, 3, d, -1)[:, 2]  # (H, d, D): each head's value rows
+            b_v = getattr(attn, FUSED_QKV[family.model_type]).detach().float().view(heads, d)
+        else:
+            lin = getattr(attn, family.v)
+            w_rows = lin.weight.detach().float().view(heads, d, -1)  # (H, d, D)
+            bias = lin.bias.detach().float() if lin.bias is not None else torch.zeros(heads * d, device=w_rows.device)
+            b_v = bias.view(heads, d)
+        w_v = w_rows.transpose(1, 2).contiguous()  # (H, D, d)
+        w_o = w_o_full.T.reshape(heads, d, d_model).contiguous()  # (H, d, D)
+        b_o = proj.bias.detach().float() if proj.bias is not None else None
+        out.append(HeadProjections(w_v, b_v, w_o, b_o))
+    return out
