@@ -8,12 +8,10 @@
 
 from __future__ import annotations
 
-import json
-import statistics
-from collections import defaultdict
 from pathlib import Path
 
-from .inspect_checkpoint import CONSTANTS_SUFFIX, describe, format_coverage
+from . import report
+from .inspect_checkpoint import describe, format_coverage
 
 TEMPLATE = Path(__file__).resolve().parents[1] / "cards" / "papa_model_card.md"
 IMAGE_NAME = "papa_constants.png"
@@ -45,37 +43,24 @@ def load_results(results) -> list[dict]:
     if results is None:
         return []
     if isinstance(results, (str, Path)):
-        lines = Path(results).read_text(encoding="utf-8").splitlines()
-        return [json.loads(line) for line in lines if line.strip()]
+        return report.load_results(results)
     return [dict(row) for row in results]
 
 
 def results_table(rows: list[dict]) -> str:
-    """Markdown table: one row per (model, task, kind, method, fraction), score mean ± std over seeds."""
-    groups: dict[tuple, list[float]] = defaultdict(list)
-    for row in rows:
-        if row.get("score") is None:
-            continue
-        key = (
-            str(row.get("model", "")),
-            str(row.get("task", "")),
-            str(row.get("metric", "")),
-            str(row.get("kind", "")),
-            str(row.get("method", "")),
-            float(row.get("fraction") or 0.0),
-        )
-        groups[key].append(float(row["score"]))
-    if not groups:
+    """Markdown table: one row per (model, task, kind, method, fraction), mean ± 95% CI over seeds."""
+    summary = [s for s in report.summarize([r for r in rows if r.get("score") is not None])]
+    if not summary:
         return ""
     lines = [
         "| model | task | metric | kind | method | fraction constant | score | seeds |",
         "|---|---|---|---|---|---:|---:|---:|",
     ]
-    for (model, task, metric, kind, method, fraction), scores in sorted(groups.items()):
-        mean = statistics.fmean(scores)
-        spread = f" ± {statistics.stdev(scores):.4f}" if len(scores) > 1 else ""
+    for s in summary:
+        spread = f" ± {s['ci95']:.4f}" if s.get("ci95") is not None else ""
         lines.append(
-            f"| {model} | {task} | {metric} | {kind} | {method} | {fraction:g} | {mean:.4f}{spread} | {len(scores)} |"
+            f"| {s['model']} | {s['task']} | {s['metric']} | {s['kind']} | {s['method']} | {s['fraction']:g} "
+            f"| {s['mean']:.4f}{spread} | {s['n']} |"
         )
     return "\n".join(lines)
 
@@ -90,59 +75,14 @@ def grid_table(d: dict) -> str:
 
 
 def write_heatmap(checkpoint_dir, max_heads: int = 4, out_name: str = IMAGE_NAME) -> Path | None:
-    """Heat maps of up to ``max_heads`` constant matrices, saved next to the weights; None when there are none."""
+    """Heat maps of up to ``max_heads`` constant matrices (the report's Fig. 4), next to the weights.
+
+    Returns ``None`` when the checkpoint has no constant heads.
+    """
     folder = Path(checkpoint_dir)
-    d = describe(folder)
-    if not d["constants"]:
+    if not describe(folder)["constants"]:
         return None
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from safetensors import safe_open
-
-    by_layer = defaultdict(list)
-    for layer, head in d["constant_heads"]:
-        by_layer[layer].append(head)
-    picked = []  # (title, (L, L) array)
-    with safe_open(str(folder / "model.safetensors"), framework="pt") as f:
-        for key in sorted(d["constants"], key=_layer_of):
-            layer = _layer_of(key)
-            heads = sorted(by_layer.get(layer, []))
-            values = f.get_tensor(key).float().numpy()  # (Hc, L, L), heads in sorted order
-            for i, head in enumerate(heads[: values.shape[0]]):
-                picked.append((f"layer {layer}, head {head}", values[i]))
-    picked = _spread(picked, max_heads)
-    if not picked:
-        return None
-    fig, axes = plt.subplots(1, len(picked), figsize=(3.2 * len(picked), 3.2), squeeze=False)
-    for ax, (title, matrix) in zip(axes[0], picked, strict=True):
-        image = ax.imshow(matrix, cmap="viridis", interpolation="nearest")
-        ax.set_title(title, fontsize=9)
-        ax.set_xlabel("key slot", fontsize=8)
-        ax.set_ylabel("query slot", fontsize=8)
-        fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04)
-    fig.suptitle(f"PAPA constant matrices ({d['kind']}, L = {d['max_length']})", fontsize=10)
-    fig.tight_layout()
-    out = folder / out_name
-    fig.savefig(out, dpi=80)
-    plt.close(fig)
-    return out
-
-
-def _layer_of(key: str) -> int:
-    """Layer index in a state-dict key such as ``encoder.layer.3.attention.self.papa_constants``."""
-    parts = key[: -len(CONSTANTS_SUFFIX)].strip(".").split(".")
-    numbers = [int(p) for p in parts if p.isdigit()]
-    return numbers[-1] if numbers else 0
-
-
-def _spread(items: list, k: int) -> list:
-    """Up to ``k`` items spread evenly over the list (first and last kept)."""
-    if len(items) <= k:
-        return items
-    step = (len(items) - 1) / (k - 1) if k > 1 else 0
-    return [items[round(i * step)] for i in range(k)]
+    return report.plot_constants(folder, folder / out_name, max_heads=max_heads)
 
 
 def render_card(

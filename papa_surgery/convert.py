@@ -212,11 +212,13 @@ def save_checkpoint(
     recipe: dict | None = None,
     overwrite: bool = False,
     card: bool = True,
+    results=None,
 ) -> Path:
     """Write a standalone PAPA checkpoint folder, all or nothing.
 
     The folder is assembled in a temporary sibling and moved into place only when complete, so a
-    failure leaves no partial output. An existing folder is an error unless ``overwrite``.
+    failure leaves no partial output. An existing folder is an error unless ``overwrite``. ``results``
+    (a probe results JSONL file or rows) adds a results table to the model card.
     """
     out_dir = Path(out_dir)
     if out_dir.exists() and not overwrite:
@@ -235,7 +237,7 @@ def save_checkpoint(
         if card:
             from .card import write_card
 
-            write_card(tmp, command=(recipe or {}).get("command"))
+            write_card(tmp, results=results, command=(recipe or {}).get("command"))
         if out_dir.exists():
             backup = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.old.", dir=out_dir.parent))
             out_dir.replace(backup / out_dir.name)

@@ -107,6 +107,10 @@ class ConvertOptions:
     )
     out: str | None = opt("Output folder. Default: <model-name>-papa-<fraction> in the current folder.")
     overwrite: bool = opt("Replace an existing output folder.", False, is_flag=True)
+    results: str | None = opt(
+        "Probe results (JSONL from `papa-surgery probe`) to show in the model card.",
+        type=click.Path(exists=True, dir_okay=False),
+    )
 
 
 @dataclass(frozen=True)

@@ -229,7 +229,7 @@ def run_convert(
     )
     recipe = build_recipe(papa, constants, ranking, command=command)
     recipe["source"].update(info, model=source)
-    save_checkpoint(papa, out, tokenizer=tokenizer, recipe=recipe, overwrite=conv.overwrite)
+    save_checkpoint(papa, out, tokenizer=tokenizer, recipe=recipe, overwrite=conv.overwrite, results=conv.results)
     if do_push:
         from .hub import push as hub_push
 

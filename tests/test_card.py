@@ -82,7 +82,8 @@ def test_written_card_metadata_and_body(folder, results_file):
     assert "`average`" in text and "`variance`" in text and "wikitext" in text
     assert "slots_seen 16" in text  # coverage from the recipe
     assert COMMAND in text
-    assert "| tiny-papa | sst2 | accuracy | average | variance | 0.25 | 0.8100 ± 0.0100 | 3 |" in text
+    ci95 = 4.302653 * 0.01 / 3**0.5  # t(0.975, df=2) * std / sqrt(n) of 0.80, 0.81, 0.82
+    assert f"| tiny-papa | sst2 | accuracy | average | variance | 0.25 | 0.8100 ± {ci95:.4f} | 3 |" in text
     assert "trust_remote_code=True" in text and 'revision = "<commit>"' in text
     assert BIBTEX.splitlines()[0] in text and "How Much Does Attention Actually Attend" in text
     assert f"]({IMAGE_NAME})" in text and (folder / IMAGE_NAME).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -95,10 +95,17 @@ def test_calibrate_rank_convert_inspect(runner, source, corpus, tmp_path):
         assert result.exit_code == 0, result.output
         assert Ranking.load(out).method == method
 
+    results = tmp_path / "results.jsonl"
+    rows = [
+        {"model": "tiny", "task": "sst2", "fraction": 0.5, "kind": "average", "method": "random", "seed": s,
+         "metric": "accuracy", "score": score}
+        for s, score in enumerate([0.75, 0.25])
+    ]  # fmt: skip
+    results.write_text("".join(json.dumps(r) + "\n" for r in rows))
     ckpt = tmp_path / "ckpt"
     result = invoke(
         runner, "convert", source, "--fraction", 0.5, "--constants", consts, "--ranking", tmp_path / "random.json",
-        "--dtype", "fp16", "--out", ckpt,
+        "--dtype", "fp16", "--out", ckpt, "--results", results,
     )  # fmt: skip
     assert result.exit_code == 0, result.output
     config = json.loads((ckpt / "config.json").read_text())
@@ -106,7 +113,9 @@ def test_calibrate_rank_convert_inspect(runner, source, corpus, tmp_path):
     assert config["papa_constant_heads"] == expected and config["papa_method"] == "random"
     recipe = json.loads((ckpt / "papa_recipe.json").read_text())
     assert recipe["command"].startswith("papa-surgery ") and "--fraction 0.5" in recipe["command"]
-    assert (ckpt / "README.md").is_file()
+    card = (ckpt / "README.md").read_text()
+    assert "| tiny | sst2 | accuracy | average | random | 0.5 | 0.5000 ± " in card  # mean and 95% CI of 2 seeds
+    assert (ckpt / "papa_constants.png").stat().st_size > 0
 
     again = invoke(runner, "convert", source, "--fraction", 0.5, "--constants", consts, "--out", ckpt)
     assert again.exit_code == 1 and "--overwrite" in again.output
