@@ -104,7 +104,7 @@ def obtain_constants(
     constants_file=None,
     progress=True,
 ):
-    """Constants for ``model``: a file, a data-free kind, or a calibration on the corpus."""
+    """Constants for ``model``: a file, a data-free kind, or an average over the corpus (calibration or analysis)."""
     from .architectures import num_heads_layers
     from .constants import DATA_FREE_KINDS, Constants
 
@@ -115,27 +115,16 @@ def obtain_constants(
     if kind in DATA_FREE_KINDS:
         heads, layers = num_heads_layers(model.config)
         return Constants.from_kind(kind, layers, heads, cal.max_length, source_model=source)
-    if kind != "average":
-        from .analysis import analysis_constants
+    from .analysis import corpus_constants
 
-        return analysis_constants(
-            kind,
-            model,
-            tokenizer,
-            open_corpus(cal),
-            max_length=cal.max_length,
-            batch_size=run.batch_size,
-            progress=progress,
-            source_name=source,
-        )
-    from .calibrate import calibrate
-
-    return calibrate(
+    corpus = open_corpus(cal)
+    return corpus_constants(
+        kind,
         model,
         tokenizer,
-        open_corpus(cal),
+        corpus,
         max_length=cal.max_length,
-        pairs=cal.pairs,
+        pairs=corpus.pairs,
         batch_size=run.batch_size,
         progress=progress,
         source_name=source,
@@ -239,21 +228,9 @@ def run_convert(
 
 def run_calibrate(model_name: str, cal: CalibrationOptions, run: RunOptions, out: str, progress=True) -> Path:
     """``papa-surgery calibrate``: write a constants file."""
-    from .calibrate import calibrate
-
     source = source_info(resolve_model(model_name))["hub_id"] or model_name
     model, tokenizer = load_model(model_name, run)
-    constants = calibrate(
-        model,
-        tokenizer,
-        open_corpus(cal),
-        max_length=cal.max_length,
-        pairs=cal.pairs,
-        batch_size=run.batch_size,
-        progress=progress,
-        source_name=source,
-    )
-    return constants.save(out)
+    return obtain_constants(model, tokenizer, source, cal, run, progress=progress).save(out)
 
 
 def run_rank(

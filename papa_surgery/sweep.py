@@ -159,8 +159,7 @@ class _Sweep:
 
     def calibrated(self, spec: str, task, length: int, kind: str = "average"):
         """Constants averaged over a corpus: calibrated (``average``) or from an analysis (``norm-average``...)."""
-        from .analysis import analysis_constants
-        from .calibrate import calibrate
+        from .analysis import corpus_constants
         from .constants import Constants
 
         corpus, key = self.open_corpus(spec, task)
@@ -172,21 +171,9 @@ class _Sweep:
                 constants = Constants.load(path)
                 if constants.max_length != length or constants.variance is None:
                     constants = None
-            if constants is None and kind != "average":
-                constants = analysis_constants(
-                    kind,
-                    self.model,
-                    self.tokenizer,
-                    corpus,
-                    max_length=length,
-                    pairs=corpus.pairs,
-                    batch_size=self.config.calibration_batch_size,
-                    device=self.config.device,
-                    progress=self.progress,
-                    source_name=self.config.model_name,
-                )
             if constants is None:
-                constants = calibrate(
+                constants = corpus_constants(
+                    kind,
                     self.model,
                     self.tokenizer,
                     corpus,

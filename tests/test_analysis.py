@@ -186,30 +186,6 @@ CORPUS = (
 )
 
 
-def test_layout_accumulator_equals_calibration_accumulator():
-    from papa_surgery.analysis.accumulate import LayoutAccumulator
-    from papa_surgery.calibrate import _Accumulator
-    from papa_surgery.hub_code.slots import SlotLayout, compute_slots
-
-    g = torch.Generator().manual_seed(0)
-    mask = torch.tensor([[1] * 5 + [0] * 2, [1] * 7, [1] * 5 + [0] * 2, [1] * 3 + [0] * 4])  # duplicate layouts
-    probs = torch.rand(4, 3, 7, 7, generator=g)
-    slots = compute_slots(None, mask, L)
-    ref, fast, lean = (
-        _Accumulator(2, 3, L, "cpu"),
-        LayoutAccumulator(2, 3, L, "cpu"),
-        LayoutAccumulator(2, 3, L, "cpu", False),
-    )
-    for acc in (ref, fast, lean):
-        acc.start_batch(SlotLayout(slots, L))
-        acc.add(1, probs)
-    want, got, got_lean = ref.result(), fast.result(), lean.result()
-    for w, x in zip(want, got, strict=True):
-        torch.testing.assert_close(x, w, rtol=1e-12, atol=1e-12)
-    torch.testing.assert_close(got_lean[0], want[0], rtol=1e-12, atol=1e-12)
-    assert got_lean[2] is None
-
-
 def slot_reference(per_example, lengths):
     """Average (H-first) matrices per example into the slot grid of single sentences (right padding)."""
     layers, heads = per_example[0].shape[:2]

@@ -211,3 +211,23 @@ def test_bf16_model_accumulates_in_full_precision(minilm):
     assert half.values.dtype == torch.float32 and half.metadata["model_dtype"] == "bfloat16"
     assert torch.equal(half.counts, full.counts)
     assert (half.values - full.values).abs().max() < 0.05  # bf16 attention, fp64 sums
+
+
+def test_grouped_scatter_equals_gathered_scatter(monkeypatch):
+    """The CUDA path (per-layout one-hot sums, race-free scatters) adds up to the CPU path, run here on CPU."""
+    from papa_surgery.accumulate import SlotAccumulator
+    from papa_surgery.hub_code.slots import SlotLayout
+
+    g = torch.Generator().manual_seed(0)
+    mask = torch.tensor([[1] * 5 + [0] * 2, [1] * 7, [1] * 5 + [0] * 2, [1] * 3 + [0] * 4])  # repeated layouts
+    probs = torch.rand(4, 3, 7, 7, generator=g)
+    layout = SlotLayout(compute_slots(None, mask, 16), 16)
+    gathered = SlotAccumulator(2, 3, 16, "cpu")
+    grouped = SlotAccumulator(2, 3, 16, "cpu")
+    monkeypatch.setattr(SlotAccumulator, "_cpu", property(lambda self: self is not grouped))
+    for acc in (gathered, grouped):
+        acc.start_batch(layout)
+        acc.add(1, probs)
+    for want, got in zip(gathered.result(), grouped.result(), strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+    assert gathered.counts.sum() == (5 * 5) * 2 + 7 * 7 + 3 * 3

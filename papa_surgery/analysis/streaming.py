@@ -24,13 +24,13 @@ import torch
 from tqdm.auto import tqdm
 
 from .. import __version__
+from ..accumulate import SlotAccumulator
 from ..architectures import num_heads_layers
 from ..calibrate import _batches, _shard
 from ..constants import Constants
 from ..corpus import load_corpus
 from ..encoding import encode, model_inputs
 from ..hub_code.slots import SlotLayout, compute_slots
-from .accumulate import LayoutAccumulator
 from .capture import needs_output_attentions, recording
 from .effective import DEFAULT_RTOL, layer_effective
 from .norms import summed_norms, value_norms
@@ -76,8 +76,8 @@ class AnalysisState:
     which: str
     max_length: int
     pairs: bool
-    main: LayoutAccumulator  # norm-weighted or effective matrices
-    attention: LayoutAccumulator | None  # plain A, for side-by-side heat maps
+    main: SlotAccumulator  # norm-weighted or effective matrices
+    attention: SlotAccumulator | None  # plain A, for side-by-side heat maps
     # Per layer/head, summed over examples and real query rows i, per category of the attended token j.
     cat_attention: torch.Tensor | None = None  # (layers, heads, C) sum of alpha
     cat_main: torch.Tensor | None = None  # (layers, heads, C) sum of ||alpha f|| or of effective attention
@@ -149,8 +149,8 @@ def stream(
         which,
         max_length,
         pairs,
-        LayoutAccumulator(num_layers, num_heads, max_length, device),
-        LayoutAccumulator(num_layers, num_heads, max_length, device, squares=False) if with_attention else None,
+        SlotAccumulator(num_layers, num_heads, max_length, device),
+        SlotAccumulator(num_layers, num_heads, max_length, device, squares=False) if with_attention else None,
     )
     cats = TokenCategories(tokenizer) if with_categories else None
     if with_categories:
@@ -277,6 +277,16 @@ def analysis_constants(
         source_name=source_name,
     )
     return state.constants()
+
+
+def corpus_constants(kind: str, model, tokenizer, corpus, **kwargs) -> Constants:
+    """Constants averaged over a corpus: ``average`` (:func:`papa_surgery.calibrate.calibrate`, paper 3.1),
+    ``norm-average`` or ``effective-average`` (:func:`analysis_constants`). Same keyword arguments for all."""
+    if kind == "average":
+        from ..calibrate import calibrate
+
+        return calibrate(model, tokenizer, corpus, **kwargs)
+    return analysis_constants(kind, model, tokenizer, corpus, **kwargs)
 
 
 def norm_constants(model, tokenizer, corpus, **kwargs) -> Constants:

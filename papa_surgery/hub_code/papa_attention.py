@@ -166,6 +166,25 @@ class PapaHeadsMixin:
         out.index_copy_(1, self._papa_index(self.papa_const, out.device), const_ctx)
         return out
 
+    def _papa_context(
+        self, kept_ctx: torch.Tensor | None, value: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Every head's context in the layout the output projection takes.
+
+        Args:
+            kept_ctx: (B, Hk, N, d) context of the kept heads (``None`` when none is kept).
+            value: (B, H, N, d) value vectors of all heads.
+
+        Returns:
+            (B, N, H*d) context and the constant heads' probabilities (see :meth:`_papa_constant`).
+        """
+        b, h, n, d = value.shape
+        const_ctx = const_probs = None
+        if self.papa_const:
+            const_ctx, const_probs = self._papa_constant(self._papa_select(value, self.papa_const))
+        ctx = self._papa_merge(kept_ctx, const_ctx, (b, h, n, d))  # (B, H, N, d)
+        return ctx.transpose(1, 2).reshape(b, n, h * d), const_probs
+
     def _papa_weights(
         self, kept_w: torch.Tensor | None, const_probs: torch.Tensor | None, shape: tuple[int, int, int, int]
     ) -> torch.Tensor | None:
@@ -240,12 +259,7 @@ class InterfaceAttentionMixin(PapaHeadsMixin):
             )  # (B, N, Hk, d)
             kept_ctx = kept_ctx.transpose(1, 2)  # (B, Hk, N, d)
 
-        const_ctx = const_probs = None
-        if self.papa_const:
-            const_ctx, const_probs = self._papa_constant(self._papa_select(value, self.papa_const))
-
-        ctx = self._papa_merge(kept_ctx, const_ctx, (b, h, n, d))  # (B, H, N, d)
-        ctx = ctx.transpose(1, 2).reshape(b, n, h * d)
+        ctx, const_probs = self._papa_context(kept_ctx, value)  # (B, N, H*d)
         if out_name is not None:
             ctx = getattr(self, out_name)(ctx)
         return ctx, self._papa_weights(kept_w, const_probs, (b, h, n, d))
@@ -276,10 +290,7 @@ class MPNetAttentionMixin(PapaHeadsMixin):
                 scores = scores + attention_mask
             kept_w = self.dropout(nn.functional.softmax(scores, dim=-1))
             kept_ctx = torch.matmul(kept_w, self._papa_select(value, self.papa_kept))  # (B, Hk, N, d)
-        const_ctx = const_probs = None
-        if self.papa_const:
-            const_ctx, const_probs = self._papa_constant(self._papa_select(value, self.papa_const))
-        ctx = self._papa_merge(kept_ctx, const_ctx, (b, h, n, d)).transpose(1, 2).reshape(b, n, h * d)
+        ctx, const_probs = self._papa_context(kept_ctx, value)  # (B, N, H*d)
         out = self.o(ctx)
         if output_attentions or self.papa_context.output_attentions:
             return out, self._papa_weights(kept_w, const_probs, (b, h, n, d))
@@ -329,10 +340,7 @@ class DebertaV2AttentionMixin(PapaHeadsMixin):
             kept_w = self.dropout(nn.functional.softmax(scores, dim=-1))
             v_k = self._papa_select(value, self.papa_kept)
             kept_ctx = torch.bmm(kept_w.reshape(-1, n, n), v_k.reshape(-1, n, d)).view(b, hk, n, d)
-        const_ctx = const_probs = None
-        if self.papa_const:
-            const_ctx, const_probs = self._papa_constant(self._papa_select(value, self.papa_const))
-        ctx = self._papa_merge(kept_ctx, const_ctx, (b, h, n, d)).transpose(1, 2).reshape(b, n, h * d)
+        ctx, const_probs = self._papa_context(kept_ctx, value)  # (B, N, H*d)
         if output_attentions or self.papa_context.output_attentions:
             return ctx, self._papa_weights(kept_w, const_probs, (b, h, n, d))
         return ctx, None
@@ -414,10 +422,7 @@ class DebertaAttentionMixin(PapaHeadsMixin):
             scores = scores.masked_fill(~attention_mask.bool(), torch.finfo(q.dtype).min)
             kept_w = self.dropout(nn.functional.softmax(scores, dim=-1))
             kept_ctx = torch.matmul(kept_w, self._papa_select(value, self.papa_kept))  # (B, Hk, N, d)
-        const_ctx = const_probs = None
-        if self.papa_const:
-            const_ctx, const_probs = self._papa_constant(self._papa_select(value, self.papa_const))
-        ctx = self._papa_merge(kept_ctx, const_ctx, (b, h, n, d)).permute(0, 2, 1, 3).reshape(b, n, h * d)
+        ctx, const_probs = self._papa_context(kept_ctx, value)  # (B, N, H*d)
         if output_attentions or self.papa_context.output_attentions:
             return ctx, self._papa_weights(kept_w, const_probs, (b, h, n, d))
         return ctx, None
