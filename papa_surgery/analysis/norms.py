@@ -41,9 +41,10 @@ def summed_norms(probs: torch.Tensor, f: torch.Tensor, real: torch.Tensor | None
         f: (B, N, H, D) transformed vectors f_h(x_j).
         real: (B, N) real-token mask, or ``None``.
     """
-    gram = f @ f.transpose(-1, -2)  # (B, N, H, H): G_j[h, h']
-    a = probs.to(f.dtype).permute(0, 3, 2, 1)  # (B, N_j, N_i, H)
-    sq = ((a @ gram) * a).sum(-1)  # (B, N_j, N_i): a^T G_j a
+    b, n, h, _ = f.shape
+    gram = (f @ f.transpose(-1, -2)).reshape(b * n, h, h)  # (B*N_j, H, H): G_j[h, h']
+    a = probs.to(f.dtype).permute(0, 3, 1, 2).reshape(b * n, h, -1)  # (B*N_j, H, N_i): column j of every head
+    sq = (torch.bmm(gram, a) * a).sum(1).view(b, n, -1)  # (B, N_j, N_i): a^T G_j a, one (H, H) @ (H, N_i) per j
     return _mask(sq.clamp_min(0).sqrt().transpose(1, 2), real)  # (B, N_i, N_j)
 
 
