@@ -212,3 +212,25 @@ def test_a_papa_checkpoint_is_probed_as_it_is(tiny, data_dir, tmp_path):
     ]
     with pytest.raises(ValueError, match="probed as it is"):
         run_sweep(SweepConfig(model=str(folder), fractions=(0.5,), data_dir=str(data_dir)), tmp_path / "x.jsonl")
+
+
+def test_analysis_kinds_and_norm_ranking_in_a_sweep(tiny_folder, data_dir, tmp_path):
+    """Issue 5's PAPA variants plug into sweeps like every other kind and method."""
+    cfg = config(
+        tiny_folder("roberta"), data_dir, fractions=(0.5,), seeds=1,
+        kinds=("norm-average", "effective-average"), methods=("norm",),
+    )  # fmt: skip
+    rows = run_sweep(cfg, tmp_path / "r.jsonl", progress=False)
+    assert [(r["kind"], r["method"], r["constant_heads"]) for r in rows] == [
+        ("norm-average", "norm", 4),
+        ("effective-average", "norm", 4),
+    ]
+    assert all(0.0 <= r["score"] <= 1.0 for r in rows)
+    from papa_surgery.constants import Constants
+    from papa_surgery.ranking import Ranking
+
+    artifacts = sorted((tmp_path / "r.artifacts").iterdir())
+    kinds = sorted(Constants.load(p).kind for p in artifacts if p.suffix == ".safetensors")
+    assert kinds == ["effective-average", "norm-average"]  # the norm ranking reused the norm-average pass
+    (ranking,) = [Ranking.load(p) for p in artifacts if p.suffix == ".json"]
+    assert ranking.method == "norm" and ranking.scores == sorted(ranking.scores)
