@@ -52,6 +52,8 @@ def test_heads_reconstruct_the_output_projection(tiny, model_type):
         p = projections[layer].to(torch.float64)
         f = p.transformed(x.double())  # (B, N, H, D)
         got[layer] = torch.einsum("bhij,bjhD->biD", probs.double(), f) + p.b_o
+        # The chunked Gram matrices (streaming path) equal those of the materialised f.
+        torch.testing.assert_close(p.gram(x.double(), chunk=5), f @ f.transpose(-1, -2))
 
     try:
         with torch.no_grad(), recording(model, collect):

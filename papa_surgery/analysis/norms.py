@@ -33,18 +33,18 @@ def norm_weighted(probs: torch.Tensor, norms: torch.Tensor, real: torch.Tensor |
     return _mask(probs * norms[:, :, None, :], real)  # (B, H, N, N)
 
 
-def summed_norms(probs: torch.Tensor, f: torch.Tensor, real: torch.Tensor | None = None) -> torch.Tensor:
+def summed_norms(probs: torch.Tensor, gram: torch.Tensor, real: torch.Tensor | None = None) -> torch.Tensor:
     """(B, N, N) layer-level contributions ||sum_h alpha^h_ij f_h(x_j)||, via per-token Gram matrices.
 
     Args:
         probs: (B, H, N, N) attention probabilities.
-        f: (B, N, H, D) transformed vectors f_h(x_j).
+        gram: (B, N, H, H) Gram matrices G_j[h, h'] = <f_h(x_j), f_h'(x_j)> (``f @ f.transpose(-1, -2)`` of the
+            (B, N, H, D) vectors, or ``HeadProjections.gram``).
         real: (B, N) real-token mask, or ``None``.
     """
-    b, n, h, _ = f.shape
-    gram = (f @ f.transpose(-1, -2)).reshape(b * n, h, h)  # (B*N_j, H, H): G_j[h, h']
-    a = probs.to(f.dtype).permute(0, 3, 1, 2).reshape(b * n, h, -1)  # (B*N_j, H, N_i): column j of every head
-    sq = (torch.bmm(gram, a) * a).sum(1).view(b, n, -1)  # (B, N_j, N_i): a^T G_j a, one (H, H) @ (H, N_i) per j
+    b, n, h, _ = gram.shape
+    a = probs.to(gram.dtype).permute(0, 3, 1, 2).reshape(b * n, h, -1)  # (B*N_j, H, N_i): column j of every head
+    sq = (torch.bmm(gram.reshape(b * n, h, h), a) * a).sum(1).view(b, n, -1)  # (B, N_j, N_i): a^T G_j a
     return _mask(sq.clamp_min(0).sqrt().transpose(1, 2), real)  # (B, N_i, N_j)
 
 
@@ -66,7 +66,7 @@ def attention_norms(model, inputs: dict, dtype: torch.dtype = torch.float64) -> 
             {
                 "probs": _mask(p, real),
                 "weighted": norm_weighted(p, value_norms(f), real),
-                "summed": summed_norms(p, f, real),
+                "summed": summed_norms(p, f @ f.transpose(-1, -2), real),
             }
         )
 

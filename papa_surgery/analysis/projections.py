@@ -70,6 +70,20 @@ class HeadProjections:
         f = torch.matmul(v.permute(2, 0, 1, 3).reshape(h, b * n, d), self.w_o)  # (H, B*N, D)
         return f.view(h, b, n, -1).permute(1, 2, 0, 3)  # (B, N, H, D)
 
+    def gram(self, x: torch.Tensor, chunk: int = 512) -> torch.Tensor:
+        """(B, N, D) -> (B, N, H, H) per-token Gram matrices G_j[h, h'] = <f_h(x_j), f_h'(x_j)>.
+
+        Built ``chunk`` tokens at a time, so the (tokens, H, D) vectors f stay in cache instead of making a
+        round trip through memory as one (B, N, H, D) tensor.
+        """
+        b, n, _ = x.shape
+        flat = x.reshape(b * n, -1)
+        out = torch.empty(b * n, self.w_v.shape[0], self.w_v.shape[0], dtype=x.dtype, device=x.device)
+        for start in range(0, b * n, chunk):
+            f = self.transformed(flat[start : start + chunk].unsqueeze(0))[0]  # (chunk, H, D)
+            out[start : start + chunk] = f @ f.transpose(-1, -2)
+        return out.view(b, n, *out.shape[1:])
+
     def value_norms(self, x: torch.Tensor) -> torch.Tensor:
         """(B, N, D) -> (B, H, N) ||f_h(x_j)||, without forming f: ||v W_O^h||^2 = v^T (W_O^h W_O^h^T) v."""
         v = self.values(x).transpose(1, 2)  # (B, H, N, d)

@@ -33,7 +33,7 @@ from ..encoding import encode, model_inputs
 from ..hub_code.slots import SlotLayout, compute_slots
 from .capture import needs_output_attentions, recording
 from .effective import DEFAULT_RTOL, layer_effective
-from .norms import summed_norms, value_norms
+from .norms import summed_norms
 from .projections import head_projections
 
 WHICH = ("norms", "effective")
@@ -174,8 +174,7 @@ def stream(
             state.attention.add_gathered(layer, part)
         proj = projections[layer]
         if which == "norms":
-            f = proj.transformed(x.float()) if onehot is not None else None  # (B, N, H, D)
-            norms = value_norms(f) if f is not None else proj.value_norms(x.float())  # (B, H, N)
+            norms = proj.value_norms(x.float())  # (B, H, N) ||f_h(x_j)||, without forming f
             state.main.add_gathered(layer, part * cells.gather_columns(norms))
         else:
             eff, r = layer_effective(probs, x, proj, real, rtol, factor=factors[layer])  # (B, H, N, N) float64
@@ -188,7 +187,7 @@ def stream(
         state.cat_attention[layer] += torch.einsum("bhn,bnc->hc", column.double(), onehot)
         if which == "norms":
             state.cat_main[layer] += torch.einsum("bhn,bnc->hc", (column * norms).double(), onehot)
-            summed = summed_norms(probs.float(), f, real)  # (B, N, N)
+            summed = summed_norms(probs.float(), proj.gram(x.float()), real)  # (B, N, N)
             state.cat_summed[layer] += torch.einsum("bn,bnc->c", summed.sum(1).double(), onehot)
         else:
             state.cat_main[layer] += torch.einsum("bhn,bnc->hc", eff.sum(-2), onehot)
