@@ -48,6 +48,29 @@ def _batches(examples: Iterator, batch_size: int) -> Iterator[list]:
         yield batch
 
 
+def process_batches(corpus: Corpus, batch_size: int, desc: str, progress: bool = True):
+    """This process's batches of ``corpus`` (every world_size-th example under torch.distributed), with a bar.
+
+    Returns ``(batches, world_size)``; the bar shows on rank 0 only.
+    """
+    distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
+    rank = torch.distributed.get_rank() if distributed else 0
+    world = torch.distributed.get_world_size() if distributed else 1
+    total = None
+    try:
+        total = -(-len(corpus) // (batch_size * world))
+    except TypeError:  # a stream of unknown length
+        pass
+    bar = tqdm(
+        _batches(_shard(corpus, rank, world), batch_size),
+        total=total,
+        desc=desc,
+        unit="batch",
+        disable=not progress or rank != 0,
+    )
+    return bar, world
+
+
 @torch.no_grad()
 def calibrate(
     model,
@@ -87,9 +110,6 @@ def calibrate(
     previous_impl = model.config._attn_implementation
     model.set_attn_implementation("eager")  # the probabilities must be materialised
 
-    distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
-    rank = torch.distributed.get_rank() if distributed else 0
-    world = torch.distributed.get_world_size() if distributed else 1
     acc = SlotAccumulator(num_layers, num_heads, max_length, device)
     modules = attention_modules(model)
     handles = [
@@ -97,18 +117,7 @@ def calibrate(
         for layer, m in enumerate(modules)
     ]
     try:
-        total = None
-        try:
-            total = -(-len(corpus) // (batch_size * world))
-        except TypeError:
-            pass
-        bar = tqdm(
-            _batches(_shard(corpus, rank, world), batch_size),
-            total=total,
-            desc="calibrate",
-            unit="batch",
-            disable=not progress or rank != 0,
-        )
+        bar, world = process_batches(corpus, batch_size, "calibrate", progress)
         for batch in bar:
             enc = encode(tokenizer, batch, max_length, pairs=pairs).to(device)
             slots = compute_slots(enc["input_ids"], enc["attention_mask"], max_length, tokenizer.sep_token_id)

@@ -248,7 +248,7 @@ class _Sweep:
     # ---------------------------------------------------------------------------------------- one cell
     def run_cell(self, cell: dict, task) -> dict:
         from .convert import convert
-        from .probe import FeatureCache, probe
+        from .probe import FeatureCache
 
         cfg = self.config
         length = self.length(task)
@@ -300,7 +300,22 @@ class _Sweep:
             )
             self.current = (identity, model, FeatureCache())
         _, model, cache = self.current
-        result = probe(
+        result = self.probe(model, task, seed, reuse=cache)
+        fields = {
+            "constant_heads": len(heads),
+            "num_heads_total": total,
+            "max_length": length,
+            **{k: result.get(k) for k in PROBE_FIELDS if k in result},
+        }
+        self.results[(identity, seed)] = (fields, {k: cell[k] for k in ("kind", "method", "corpus")})
+        return {**fields, **corpus_info}
+
+    def probe(self, model, task, seed: int, reuse=None) -> dict:
+        """The probe of one cell, with the sweep's data and probe options."""
+        from .probe import probe
+
+        cfg = self.config
+        return probe(
             model,
             self.tokenizer,
             task,
@@ -314,37 +329,12 @@ class _Sweep:
             device=cfg.device,
             progress=self.progress,
             cache_gb=cfg.cache_gb,
-            reuse=cache,
+            reuse=reuse,
         )
-        fields = {
-            "constant_heads": len(heads),
-            "num_heads_total": total,
-            "max_length": length,
-            **{k: result.get(k) for k in PROBE_FIELDS if k in result},
-        }
-        self.results[(identity, seed)] = (fields, {k: cell[k] for k in ("kind", "method", "corpus")})
-        return {**fields, **corpus_info}
 
     def run_checkpoint_cell(self, cell: dict, task) -> dict:
         """Probe a PAPA checkpoint as it is (its heads, constants and layout are fixed)."""
-        from .probe import probe
-
-        cfg = self.config
-        result = probe(
-            self.model,
-            self.tokenizer,
-            task,
-            data_dir=cfg.data_dir,
-            seed=cell["seed"],
-            max_train_examples=cfg.max_train_examples,
-            max_eval_examples=cfg.max_eval_examples,
-            epochs=cfg.epochs,
-            batch_size=cfg.batch_size,
-            lr=cfg.lr,
-            device=cfg.device,
-            progress=self.progress,
-            cache_gb=cfg.cache_gb,
-        )
+        result = self.probe(self.model, task, cell["seed"])
         conf = self.model.config
         return {
             "constant_heads": len(conf.papa_constant_heads or []),

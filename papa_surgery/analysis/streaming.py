@@ -21,12 +21,11 @@ import unicodedata
 from dataclasses import dataclass, field
 
 import torch
-from tqdm.auto import tqdm
 
 from .. import __version__
 from ..accumulate import SlotAccumulator
 from ..architectures import num_heads_layers
-from ..calibrate import _batches, _shard
+from ..calibrate import process_batches
 from ..constants import Constants
 from ..corpus import load_corpus
 from ..encoding import encode, model_inputs
@@ -142,8 +141,6 @@ def stream(
     device = torch.device(device) if device is not None else next(model.parameters()).device
     model.to(device).eval()
     distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
-    rank = torch.distributed.get_rank() if distributed else 0
-    world = torch.distributed.get_world_size() if distributed else 1
 
     state = AnalysisState(
         which,
@@ -192,18 +189,7 @@ def stream(
         else:
             state.cat_main[layer] += torch.einsum("bhn,bnc->hc", eff.sum(-2), onehot)
 
-    total = None
-    try:
-        total = -(-len(corpus) // (batch_size * world))
-    except TypeError:
-        pass
-    bar = tqdm(
-        _batches(_shard(corpus, rank, world), batch_size),
-        total=total,
-        desc=f"analyze {which}",
-        unit="batch",
-        disable=not progress or rank != 0,
-    )
+    bar, world = process_batches(corpus, batch_size, f"analyze {which}", progress)
     with recording(model, on_layer):
         for examples in bar:
             enc = encode(tokenizer, examples, max_length, pairs=pairs).to(device)
