@@ -230,3 +230,27 @@ def test_feature_cache_reuses_splits_across_seeds(tiny_model, tiny_tokenizer, da
     probe(model, tok, "sst2", data_dir=data_dir, seed=2, reuse=cache, **QUICK)
     assert first["score"] == fresh["score"] and len(cache._stores) == 2  # train + eval, computed once
     assert cache.get(tiny_model("bert"), next(iter(cache._stores))[1]) is None  # another model: no reuse
+
+
+def test_pseudo_perplexity_masks_one_token_at_a_time(tiny_model, tiny_tokenizer):
+    """masked_nll('pseudo') equals scoring each token with only that token masked, by hand."""
+    from papa_surgery.probe.features import Encoded
+    from papa_surgery.probe.mlm import masked_nll
+
+    tok = tiny_tokenizer("bert")
+    model = tiny_model("bert", head="AutoModelForMaskedLM")
+    texts = ["the movie is good", "a dull ride"]
+    encs = [tok(t, return_tensors="pt")["input_ids"][0] for t in texts]
+    enc = Encoded(ids=encs, type_ids=None, slots=[torch.arange(len(x)) for x in encs], labels=[0, 0])
+    total, count = masked_nll(model, tok, enc, seed=0, batch_size=3, device="cpu", progress=False)
+    want, n = 0.0, 0
+    with torch.no_grad():
+        for ids in encs:
+            for p in range(1, len(ids) - 1):  # every token but [CLS] and [SEP]
+                masked = ids.clone()
+                masked[p] = tok.mask_token_id
+                logp = model(input_ids=masked[None]).logits[0, p].log_softmax(-1)
+                want -= float(logp[ids[p]])
+                n += 1
+    assert count == n
+    assert total == pytest.approx(want, rel=1e-5)

@@ -1,11 +1,12 @@
 """Masked-LM scoring (paper sec. 5.5): negative log perplexity of masked tokens with the model's own MLM head.
 
-Each example masks a seeded 15% of its non-special tokens (at least one) at once, all with the mask
-token, and the score is minus the mean negative log-likelihood of the original tokens at those
-positions (the paper's "negative log perplexity", higher is better). Masking 15% at once, rather than
-one token at a time (the strict pseudo-perplexity), costs one forward pass per example. Positions
-whose original token is the unknown token are never masked. Each text (a WikiText paragraph) is cut to
-the slot count (App. B: 128 tokens); only its first ``max_length`` tokens are scored.
+``strategy="pseudo"`` (the default) is the pseudo-perplexity (Salazar et al. 2020): every non-special
+token of an example is masked on its own, in a copy of the example, and scored given all the others;
+it costs one forward pass per token. ``strategy="random"`` masks a seeded 15% of the tokens of each
+example at once (one forward pass per example), the quick MLM-loss estimate. Either way the score is
+minus the mean negative log-likelihood of the original tokens at the masked positions (the paper's
+"negative log perplexity", higher is better). Positions whose original token is the unknown token are
+never masked. Each text (a WikiText paragraph) is cut to the slot count (App. B: 128 tokens).
 """
 
 from __future__ import annotations
@@ -34,10 +35,8 @@ def require_mlm_head(model: nn.Module, tokenizer) -> None:
 def mask_positions(enc: Encoded, tokenizer, seed: int) -> list[torch.Tensor]:
     """Per example, a bool (n_i,) tensor of the positions to mask (seeded, >= 1 per example when possible)."""
     generator = torch.Generator().manual_seed(seed)
-    special = torch.tensor(sorted(set(tokenizer.all_special_ids)), dtype=torch.long)
     out = []
-    for ids in enc.ids:
-        candidates = ~torch.isin(ids, special)  # (n_i,)
+    for ids, candidates in zip(enc.ids, _candidates(enc, tokenizer), strict=True):
         chosen = (torch.rand(len(ids), generator=generator) < MASK_PROB) & candidates
         if not chosen.any() and candidates.any():
             pick = candidates.nonzero()[torch.randint(int(candidates.sum()), (1,), generator=generator)]
@@ -46,13 +45,48 @@ def mask_positions(enc: Encoded, tokenizer, seed: int) -> list[torch.Tensor]:
     return out
 
 
+def _candidates(enc: Encoded, tokenizer) -> list[torch.Tensor]:
+    special = torch.tensor(sorted(set(tokenizer.all_special_ids)), dtype=torch.long)
+    return [~torch.isin(ids, special) for ids in enc.ids]  # each (n_i,) bool
+
+
+def _one_token_copies(enc: Encoded, tokenizer) -> tuple[Encoded, list[torch.Tensor]]:
+    """Pseudo-perplexity: one copy of an example per maskable token, with that token alone to be masked."""
+    import dataclasses
+
+    rows, masks = [], []
+    for i, candidates in enumerate(_candidates(enc, tokenizer)):
+        for p in candidates.nonzero().squeeze(-1).tolist():
+            rows.append(i)
+            chosen = torch.zeros_like(candidates)
+            chosen[p] = True
+            masks.append(chosen)
+    fields = {f.name: getattr(enc, f.name) for f in dataclasses.fields(enc)}
+    copies = {
+        k: [v[i] for i in rows] if isinstance(v, list) and len(v) == len(enc.ids) else v for k, v in fields.items()
+    }
+    return type(enc)(**copies), masks
+
+
 @torch.inference_mode()
 def masked_nll(
-    model: nn.Module, tokenizer, enc: Encoded, seed: int, batch_size: int, device, progress: bool = True
+    model: nn.Module,
+    tokenizer,
+    enc: Encoded,
+    seed: int,
+    batch_size: int,
+    device,
+    progress: bool = True,
+    strategy: str = "pseudo",
 ) -> tuple[float, int]:
-    """(sum of masked-token NLL in nats, number of masked tokens)."""
+    """(sum of masked-token NLL in nats, number of masked tokens); ``strategy`` is ``pseudo`` or ``random``."""
     model.eval()
-    masks = mask_positions(enc, tokenizer, seed)
+    if strategy == "pseudo":
+        enc, masks = _one_token_copies(enc, tokenizer)
+    elif strategy == "random":
+        masks = mask_positions(enc, tokenizer, seed)
+    else:
+        raise ValueError(f"unknown MLM strategy {strategy!r}; use 'pseudo' or 'random'")
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     total, count = 0.0, 0
     for index in tqdm(length_batches(enc.lengths, batch_size), desc="mlm", disable=not progress, leave=False):

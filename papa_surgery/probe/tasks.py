@@ -139,8 +139,8 @@ TASKS: dict[str, Task] = {
             LocalSource("wikitext", {"eval": "wikitext/wikitext-2/wiki.valid.tokens"}),
             "neg_log_perplexity", lr=5e-4, batch_size=8, epochs=0, max_length=128,
             description="masked-LM negative log (pseudo-)perplexity on WikiText validation (paper sec. 5.5)",
-            note="evaluated with the model's own MLM head (no probe training); local data is WikiText-2 "
-            "validation, which holds the same articles as WikiText-103 validation",
+            note="pseudo-perplexity (each token masked on its own) with the model's own MLM head, no probe "
+            "training; local data is WikiText-2 validation, which holds the same articles as WikiText-103 validation",
         ),
     ]
 }  # fmt: skip
