@@ -21,7 +21,7 @@ from .architectures import get_family, num_heads_layers
 from .constants import Constants
 from .hub_code.configuration_papa import CONFIG_CLASSES, PAPA_FIELDS, PAPA_FORMAT_VERSION
 from .hub_code.modeling_papa import MODEL_CLASSES, apply_papa, attention_modules
-from .loading import resolve_dtype
+from .loading import public_name, resolve_dtype
 
 HUB_CODE_FILES = ("configuration_papa.py", "modeling_papa.py", "papa_attention.py", "slots.py", "families.py")
 HUB_CODE_DIR = Path(__file__).parent / "hub_code"
@@ -102,7 +102,7 @@ def convert(
         "papa_method": method,
         "papa_fraction": None if fraction is None else float(fraction),
         "papa_calibrated_on": "pairs" if constants.pairs else "single",
-        "papa_source_model": _public_name(source),
+        "papa_source_model": public_name(source),
         "papa_format_version": PAPA_FORMAT_VERSION,
         "papa_surgery_version": __version__,
     }
@@ -141,16 +141,6 @@ def auto_map(family) -> dict[str, str]:
     for auto, cls in MODEL_CLASSES[family.model_type].items():
         out[auto] = f"modeling_papa.{cls.__name__}"
     return out
-
-
-def _public_name(source: str | None) -> str | None:
-    """A Hub id stays; a local folder is recorded by its name only (no paths in configs)."""
-    if not source:
-        return None
-    path = Path(source)
-    if path.exists() or source.startswith(("/", ".", "~")):
-        return path.name
-    return source
 
 
 def constant_heads_of(model) -> list[list[int]]:

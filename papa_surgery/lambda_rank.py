@@ -27,12 +27,13 @@ from .architectures import get_family, num_heads_layers
 from .constants import Constants
 from .hub_code.configuration_papa import CONFIG_CLASSES, PAPA_FIELDS, PAPA_FORMAT_VERSION
 from .hub_code.modeling_papa import apply_papa, attention_modules
+from .loading import public_name
 from .probe.data import load_split
 from .probe.features import IGNORE, encode_split, pad_batch
 from .probe.heads import build_head
 from .probe.tasks import MLM, Task, get_task
 from .probe.train import batch_labels, epoch_batches
-from .ranking import Ranking, order_by_scores, public_name
+from .ranking import Ranking, order_by_scores
 
 
 def lambda_model(model: nn.Module, constants: Constants, tokenizer=None) -> nn.Module:

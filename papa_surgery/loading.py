@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 
 from .architectures import get_family, is_papa_config
@@ -25,6 +27,16 @@ def resolve_dtype(dtype: str | torch.dtype | None) -> torch.dtype | None:
     return DTYPES[dtype]
 
 
+def public_name(source: str | None) -> str | None:
+    """A Hub id stays; a local folder is recorded by its name only (no paths in configs or provenance)."""
+    if not source:
+        return None
+    path = Path(str(source))
+    if path.exists() or str(source).startswith(("/", ".", "~")):
+        return path.name
+    return str(source)
+
+
 def load_config(name_or_path: str, revision: str | None = None):
     """The config of a supported source model or PAPA checkpoint (ValueError otherwise)."""
     from transformers import AutoConfig
@@ -36,7 +48,6 @@ def load_config(name_or_path: str, revision: str | None = None):
 
 def _is_papa_dir(name_or_path: str) -> bool:
     import json
-    from pathlib import Path
 
     cfg = Path(name_or_path) / "config.json"
     if not cfg.is_file():

@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from . import __version__
+from .loading import public_name
 
 METHODS = ("lambda", "reversed-lambda", "variance", "norm", "first-to-last", "last-to-first", "random")
 LABEL_FREE_METHODS = ("variance", "norm", "first-to-last", "last-to-first", "random")
@@ -111,16 +112,6 @@ class Ranking:
         if data.pop("format", None) != "papa-ranking":
             raise ValueError(f"{str(path)!r} is not a papa-surgery ranking (make one with papa-surgery rank)")
         return cls(**data)
-
-
-def public_name(source: str | None) -> str | None:
-    """A Hub id stays; a local folder is recorded by its name only (no paths in provenance)."""
-    if not source:
-        return None
-    path = Path(str(source))
-    if path.exists() or str(source).startswith(("/", ".", "~")):
-        return path.name
-    return str(source)
 
 
 def order_by_scores(scores, ascending: bool = True) -> tuple[list[list[int]], list[float]]:

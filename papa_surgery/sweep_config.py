@@ -6,13 +6,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .constants import ANALYSIS_KINDS
 from .results import TASK_CORPUS
 
 DEFAULT_FRACTIONS = (0.0, 0.5, 0.875, 0.9375, 1.0)  # paper Fig. 2: {1, 1/2, 1/8, 1/16, 0} of heads kept
 DEFAULT_CORPUS = "default"  # the WikiText-2 excerpt bundled with papa-surgery
 SEEDED_METHODS = ("random", "lambda", "reversed-lambda")
 CONSTANTS_METHODS = ("variance", "lambda", "reversed-lambda", "norm")  # rankings that need corpus averages
-CORPUS_KINDS = ("average", "norm-average", "effective-average")  # constants averaged over a corpus
+CORPUS_KINDS = ("average", *ANALYSIS_KINDS)  # constants averaged over a corpus
 
 
 def _as_tuple(value) -> tuple:

@@ -176,3 +176,13 @@ def test_readme_demo_end_to_end(tmp_path):
     assert "36 of 72" in proc.stdout
     ratio = float(proc.stdout.split("MiB (")[1].split("x)")[0])
     assert ratio < 1.0
+
+
+def test_cli_choices_match_the_library():
+    """options.py spells the kinds and methods out (so --help needs no torch); they must stay the library's."""
+    from papa_surgery.constants import KINDS
+    from papa_surgery.options import KIND_CHOICES, METHOD_CHOICES
+    from papa_surgery.ranking import METHODS
+
+    assert set(KIND_CHOICES) == set(KINDS)
+    assert set(METHOD_CHOICES) == set(METHODS)

@@ -26,7 +26,7 @@ from .. import __version__
 from ..accumulate import SlotAccumulator
 from ..architectures import num_heads_layers
 from ..calibrate import process_batches
-from ..constants import Constants
+from ..constants import ANALYSIS_KINDS, Constants
 from ..corpus import load_corpus
 from ..encoding import encode, model_inputs
 from ..hub_code.slots import SlotLayout, compute_slots
@@ -36,7 +36,8 @@ from .norms import summed_norms
 from .projections import head_projections
 
 WHICH = ("norms", "effective")
-ANALYSIS_KINDS = {"norm-average": "norms", "effective-average": "effective"}
+# The constant kind each analysis produces (the kinds themselves are declared once, in constants.py).
+ANALYSIS_OF_KIND = dict(zip(ANALYSIS_KINDS, ("norms", "effective"), strict=True))
 CATEGORIES = ("cls", "sep", "punct", "other")
 
 
@@ -232,36 +233,14 @@ def stream(
     return state
 
 
-def analysis_constants(
-    kind: str,
-    model,
-    tokenizer,
-    corpus,
-    max_length: int = 128,
-    pairs: bool = False,
-    batch_size: int = 32,
-    device=None,
-    progress: bool = True,
-    max_examples: int | None = None,
-    source_name: str | None = None,
-) -> Constants:
-    """Constants of an analysis kind (``norm-average`` or ``effective-average``), like ``calibrate``."""
-    if kind not in ANALYSIS_KINDS:
-        raise ValueError(f"unknown analysis kind {kind!r}; choose one of {', '.join(ANALYSIS_KINDS)}")
-    state = stream(
-        model,
-        tokenizer,
-        corpus,
-        ANALYSIS_KINDS[kind],
-        max_length=max_length,
-        pairs=pairs,
-        batch_size=batch_size,
-        device=device,
-        progress=progress,
-        max_examples=max_examples,
-        source_name=source_name,
-    )
-    return state.constants()
+def analysis_constants(kind: str, model, tokenizer, corpus, **kwargs) -> Constants:
+    """Constants of an analysis kind (``norm-average`` or ``effective-average``), like ``calibrate``.
+
+    ``kwargs`` are :func:`stream`'s (max_length, pairs, batch_size, device, progress, max_examples, source_name).
+    """
+    if kind not in ANALYSIS_OF_KIND:
+        raise ValueError(f"unknown analysis kind {kind!r}; choose one of {', '.join(ANALYSIS_OF_KIND)}")
+    return stream(model, tokenizer, corpus, ANALYSIS_OF_KIND[kind], **kwargs).constants()
 
 
 def corpus_constants(kind: str, model, tokenizer, corpus, **kwargs) -> Constants:
