@@ -13,7 +13,26 @@ from __future__ import annotations
 
 import torch
 
-from .hub_code.slots import SlotLayout
+
+class SlotLayout:
+    """The slots of one batch, grouped by distinct layout (examples with the same slots share one).
+
+    Attributes:
+        slots: (B, N) slot of every token, -1 for padding.
+        max_length: L.
+        unique, inverse: (U, N) distinct slot rows and (B,) the row of each example.
+        cell_index: (U, N, N) flat index of each (i, j) into the L*L grid.
+        cell_mask: (U, N, N) whether both i and j are real tokens.
+    """
+
+    def __init__(self, slots: torch.Tensor, max_length: int):
+        self.slots = slots  # (B, N)
+        self.max_length = max_length
+        self.unique, self.inverse = torch.unique(slots, dim=0, return_inverse=True)  # (U, N), (B,)
+        real = self.unique >= 0  # (U, N)
+        s = self.unique.clamp_min(0)
+        self.cell_index = s[:, :, None] * max_length + s[:, None, :]  # (U, N, N)
+        self.cell_mask = real[:, :, None] & real[:, None, :]  # (U, N, N)
 
 
 class BatchCells:

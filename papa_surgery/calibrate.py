@@ -19,13 +19,13 @@ import torch
 from tqdm.auto import tqdm
 
 from . import __version__
-from .accumulate import SlotAccumulator
+from .accumulate import SlotAccumulator, SlotLayout
 from .architectures import get_family, num_heads_layers
 from .constants import Constants
 from .corpus import Corpus, load_corpus
 from .encoding import encode, model_inputs
 from .hub_code.modeling_papa import attention_modules
-from .hub_code.slots import SlotLayout, compute_slots
+from .hub_code.slots import compute_slots
 
 # Families whose self-attention returns its probabilities only when asked to.
 _NEEDS_OUTPUT_ATTENTIONS = ("mpnet", "deberta", "deberta-v2")

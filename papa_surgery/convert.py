@@ -6,7 +6,6 @@ The in-memory PAPA model is the class a checkpoint loads (``PapaBertModel`` ...)
 
 from __future__ import annotations
 
-import copy
 import datetime as _dt
 import json
 import shutil
@@ -17,13 +16,20 @@ from pathlib import Path
 import torch
 
 from . import __version__
-from .architectures import get_family, num_heads_layers
+from .architectures import get_family, is_papa_config, num_heads_layers
 from .constants import Constants
-from .hub_code.configuration_papa import CONFIG_CLASSES, PAPA_FIELDS, PAPA_FORMAT_VERSION
-from .hub_code.modeling_papa import MODEL_CLASSES, apply_papa, attention_modules
+from .hub_code.configuration_papa import PAPA_FIELDS, PAPA_FORMAT_VERSION, papa_config_class
+from .hub_code.modeling_papa import attention_modules, heads_by_layer, papa_model_class
 from .loading import public_name, resolve_dtype
 
-HUB_CODE_FILES = ("configuration_papa.py", "modeling_papa.py", "papa_attention.py", "slots.py", "families.py")
+HUB_CODE_FILES = (
+    "configuration_papa.py",
+    "modeling_papa.py",
+    "papa_attention.py",
+    "overrides.py",
+    "slots.py",
+    "families.py",
+)
 HUB_CODE_DIR = Path(__file__).parent / "hub_code"
 
 
@@ -51,6 +57,73 @@ def _auto_class_of(model, family) -> str:
     )
 
 
+def papa_config(source_config, **papa_fields):
+    """The PAPA config of a source config: the same fields, the family's PAPA config class, ``papa_*`` set."""
+    family = get_family(source_config)
+    unknown = set(papa_fields) - set(PAPA_FIELDS)
+    if unknown:
+        raise ValueError(f"unknown PAPA fields {sorted(unknown)}; known: {sorted(PAPA_FIELDS)}")
+    fields = source_config.to_dict()
+    for key in ("model_type", "architectures", "auto_map", "transformers_version", "_name_or_path"):
+        fields.pop(key, None)
+    fields = {k: v for k, v in fields.items() if not k.startswith("papa_")}
+    return papa_config_class(family.model_type)(**fields, **papa_fields)
+
+
+def build_papa_model(source, config, constants: dict[int, torch.Tensor] | None = None):
+    """Build a PAPA model from a source model the way ``from_pretrained`` builds it from a checkpoint.
+
+    The PAPA class is constructed on the meta device from ``config``; its state dict is the source's with
+    the query/key rows of constant heads removed (each module's ``papa_rows`` says which rows it keeps)
+    plus the constant matrices; ``from_pretrained`` then loads that state dict into a fresh PAPA model.
+
+    Args:
+        source: the source model (never changed), of the auto class the PAPA model should have.
+        config: its PAPA config (:func:`papa_config`).
+        constants: ``{layer: (Hc, L, L)}`` for each layer's constant heads, in head order; zeros if absent.
+
+    Returns:
+        The PAPA model, on the source's device, in eval mode.
+    """
+    family = get_family(source)
+    cls = papa_model_class(family.model_type, _auto_class_of(source, family))
+    with torch.device("meta"):
+        skeleton = cls(config)
+    layer_of = {id(m): i for i, m in enumerate(attention_modules(skeleton))}
+    rows = {  # PAPA key -> (source key, the source rows it keeps)
+        f"{name}.{local}": (f"{name}.{source_local}", keep)
+        for name, module in skeleton.named_modules()
+        for local, (source_local, keep) in getattr(module, "papa_rows", {}).items()
+    }
+    source_state = source.state_dict()
+    state: dict[str, torch.Tensor] = {}
+    for key, meta in skeleton.state_dict().items():
+        prefix, _, local = key.rpartition(".")
+        if local == "papa_constants":
+            given = (constants or {}).get(layer_of[id(skeleton.get_submodule(prefix))])
+            state[key] = torch.zeros(meta.shape) if given is None else given
+        elif local == "papa_lambda_logits":
+            state[key] = torch.zeros(meta.shape)
+        elif key in rows:
+            source_key, keep = rows[key]
+            state[key] = source_state[source_key][keep]
+        else:
+            state[key] = source_state[key]
+        state[key] = state[key].to(meta.dtype)
+    papa, info = cls.from_pretrained(
+        None,
+        config=config,
+        state_dict=state,
+        dtype=next(source.parameters()).dtype,
+        attn_implementation=source.config._attn_implementation,
+        output_loading_info=True,
+    )
+    problems = {k: v for k, v in info.items() if v and k in ("missing_keys", "unexpected_keys", "mismatched_keys")}
+    if problems:
+        raise RuntimeError(f"building the PAPA model left weights unmatched: {problems}")
+    return papa.to(next(source.parameters()).device).eval()
+
+
 def convert(
     model,
     constants: Constants,
@@ -67,7 +140,7 @@ def convert(
     """Make a PAPA model: the listed heads attend with constant matrices, the rest is the source.
 
     Args:
-        model: a source model of a supported family and head (it is deep-copied, never changed).
+        model: a source model of a supported family and head (never changed).
         constants: ``Constants`` for every layer and head of this model (any kind).
         heads: ``[[layer, head], ...]`` to make constant (e.g. ``ranking.select(fraction)``).
         tokenizer: the source tokenizer; its separator id lets the model find a pair's middle.
@@ -81,65 +154,65 @@ def convert(
         only constant heads store their matrices.
     """
     family = get_family(model)
+    if is_papa_config(model.config):
+        raise ValueError("this model is already a PAPA model; convert its source model instead")
     num_heads, num_layers = num_heads_layers(model.config)
     source = source_name or getattr(model.config, "_name_or_path", None) or None
     constants.check_compatible(model.config, source)
     heads = normalize_heads(heads, num_layers, num_heads)
     store = resolve_dtype(dtype)
-    auto_class = _auto_class_of(model, family)
-
-    papa = copy.deepcopy(model)
+    sep = (
+        getattr(tokenizer, "sep_token_id", None)
+        if tokenizer is not None
+        else getattr(model.config, "sep_token_id", None)
+    )
+    config = papa_config(
+        model.config,
+        papa_max_length=constants.max_length,
+        papa_constant_heads=heads,
+        papa_sep_token_id=sep,
+        papa_constants_dtype=str(store).replace("torch.", ""),
+        papa_trainable_constants=bool(trainable_constants),
+        papa_kind=kind or constants.kind,
+        papa_method=method,
+        papa_fraction=None if fraction is None else float(fraction),
+        papa_calibrated_on="pairs" if constants.pairs else "single",
+        papa_source_model=public_name(source),
+        papa_linear_names=linear_names(family, heads, num_layers, num_heads),
+        papa_format_version=PAPA_FORMAT_VERSION,
+        papa_surgery_version=__version__,
+    )
+    by_layer = heads_by_layer(heads)
+    values = {layer: constants.values[layer, sorted(hs)] for layer, hs in by_layer.items()}  # (Hc, L, L) each
+    papa = build_papa_model(model, config, values)
     config = papa.config
-    config.__class__ = CONFIG_CLASSES[family.model_type]
-    sep = getattr(tokenizer, "sep_token_id", None) if tokenizer is not None else getattr(config, "sep_token_id", None)
-    fields = {
-        "papa_max_length": constants.max_length,
-        "papa_constant_heads": heads,
-        "papa_sep_token_id": sep,
-        "papa_constants_dtype": str(store).replace("torch.", ""),
-        "papa_trainable_constants": bool(trainable_constants),
-        "papa_kind": kind or constants.kind,
-        "papa_method": method,
-        "papa_fraction": None if fraction is None else float(fraction),
-        "papa_calibrated_on": "pairs" if constants.pairs else "single",
-        "papa_source_model": public_name(source),
-        "papa_format_version": PAPA_FORMAT_VERSION,
-        "papa_surgery_version": __version__,
-    }
-    assert set(fields) == set(PAPA_FIELDS)
-    for name, value in fields.items():
-        setattr(config, name, value)
-    apply_papa(papa)
-    with torch.no_grad():
-        for layer, module in enumerate(attention_modules(papa)):
-            if module.papa_const:
-                values = constants.values[layer, module.papa_const]  # (Hc, L, L)
-                module.papa_constants.copy_(values.to(module.papa_constants.device, store))
-    papa.__class__ = MODEL_CLASSES[family.model_type][auto_class]
-    _register_output_recording(papa)
-    config.architectures = [papa.__class__.__name__]
+    config.architectures = [type(papa).__name__]
     config.auto_map = auto_map(family)
-    return papa.eval()
+    return papa
 
 
-def _register_output_recording(model) -> None:
-    """Let transformers record attentions/hidden states for the swapped-in class.
+def linear_names(family, heads, num_layers: int, num_heads: int) -> dict[str, list[int]]:
+    """Per-head projection name -> the layers where it is still an ``nn.Linear`` (for LoRA ``target_modules``).
 
-    transformers registers ``_can_record_outputs`` per class name when a model is constructed; a model whose
-    class was switched in place is unknown there and ``output_attentions=True`` would return ``None``.
+    A layer whose every head is constant has no query/key projection at all; LoRA targeting only
+    ``query`` would then silently adapt nothing there.
     """
-    try:
-        from transformers.utils.output_capturing import _CAN_RECORD_REGISTRY
-    except ImportError:  # older transformers record outputs without a registry
-        return
-    _CAN_RECORD_REGISTRY[model] = model._can_record_outputs
+    constant = heads_by_layer(heads)
+    all_layers = list(range(num_layers))
+    kept = [layer for layer in all_layers if len(set(constant.get(layer, []))) < num_heads]
+    if family.style == "deberta":  # fused q/k/v: in_proj stays where a head is kept
+        return {"in_proj": kept, "papa_value_proj": [layer for layer in all_layers if constant.get(layer)]}
+    names = {family.q: kept, family.k: kept, family.v: all_layers}
+    if family.out:
+        names[family.out] = all_layers
+    return names
 
 
 def auto_map(family) -> dict[str, str]:
     """``auto_map`` of a PAPA config: every auto class of the family -> the shipped classes."""
-    out = {"AutoConfig": f"configuration_papa.{CONFIG_CLASSES[family.model_type].__name__}"}
-    for auto, cls in MODEL_CLASSES[family.model_type].items():
-        out[auto] = f"modeling_papa.{cls.__name__}"
+    out = {"AutoConfig": f"configuration_papa.{family.papa_prefix}Config"}
+    for auto, name in family.auto_classes.items():
+        out[auto] = f"modeling_papa.Papa{name}"
     return out
 
 

@@ -5,14 +5,14 @@ with ``B = lambda_h * A + (1 - lambda_h) * rownorm(C * mask)``. The lambdas are 
 task's probe (``papa_surgery.probe``) while the backbone stays frozen; heads are then ranked globally by
 ascending lambda: the least input-dependent head is made constant first.
 
-The mixing is the PAPA attention of ``hub_code`` with every head in both sets (kept *and* constant):
-``_papa_merge`` mixes the two contexts per head, which equals attending with ``B`` because both are
-linear in the attention matrix. There is no second implementation of the attention swap.
+The mixing is the PAPA attention of ``hub_code`` with every head in both sets (kept *and* constant,
+``papa_lambda_mixing``): the attention function mixes the two contexts per head, which equals attending
+with ``B`` because both are linear in the attention matrix. The mixed model is built like any PAPA model
+(``convert.build_papa_model``): there is no second implementation of the attention swap.
 """
 
 from __future__ import annotations
 
-import copy
 import math
 import warnings
 from dataclasses import dataclass
@@ -23,10 +23,10 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from . import __version__
-from .architectures import get_family, num_heads_layers
+from .architectures import num_heads_layers
 from .constants import Constants
-from .hub_code.configuration_papa import CONFIG_CLASSES, PAPA_FIELDS, PAPA_FORMAT_VERSION
-from .hub_code.modeling_papa import apply_papa, attention_modules
+from .convert import build_papa_model, papa_config
+from .hub_code.modeling_papa import attention_modules
 from .loading import public_name
 from .probe.data import load_split
 from .probe.features import IGNORE, encode_split, pad_batch
@@ -50,41 +50,25 @@ def lambda_model(model: nn.Module, constants: Constants, tokenizer=None) -> nn.M
         attention module holds ``papa_lambda_logits`` (H,) zeros (lambda = 0.5, the only trainable
         parameters) and ``papa_constants`` (H, L, L), a frozen buffer.
     """
-    family = get_family(model)
     num_heads, num_layers = num_heads_layers(model.config)
     constants.check_compatible(model.config)
     source = getattr(model, "base_model", model)
-    mixed = copy.deepcopy(source)
-    config = mixed.config
-    config.__class__ = CONFIG_CLASSES[family.model_type]
     every = [[layer, head] for layer in range(num_layers) for head in range(num_heads)]
-    sep = getattr(tokenizer, "sep_token_id", None) if tokenizer is not None else getattr(config, "sep_token_id", None)
-    fields = {
-        "papa_max_length": int(constants.max_length),
-        "papa_constant_heads": every,
-        "papa_sep_token_id": sep,
-        "papa_constants_dtype": "float32",
-        "papa_trainable_constants": False,
-        "papa_kind": constants.kind,
-        "papa_method": "lambda",
-        "papa_fraction": None,
-        "papa_calibrated_on": "pairs" if constants.pairs else "single",
-        "papa_source_model": None,
-        "papa_format_version": PAPA_FORMAT_VERSION,
-        "papa_surgery_version": __version__,
-    }
-    assert set(fields) == set(PAPA_FIELDS)
-    for name, value in fields.items():
-        setattr(config, name, value)
-    with torch.random.fork_rng(devices=[]):  # rebuilt projections draw (then overwrite) random weights
-        apply_papa(mixed, constant_heads=every, kept_heads=every, trainable=False)
-    for param in mixed.parameters():  # after apply_papa, which may rebuild projections
-        param.requires_grad_(False)
-    for layer, module in enumerate(attention_modules(mixed)):
-        weight = module._papa_reference_weight()
-        with torch.no_grad():
-            module.papa_constants.copy_(constants.values[layer].to(module.papa_constants.device, torch.float32))
-        module.papa_lambda_logits = nn.Parameter(torch.zeros(num_heads, device=weight.device, dtype=torch.float32))
+    config = papa_config(
+        source.config,
+        papa_max_length=int(constants.max_length),
+        papa_constant_heads=every,
+        papa_lambda_mixing=True,
+        papa_sep_token_id=getattr(tokenizer if tokenizer is not None else source.config, "sep_token_id", None),
+        papa_kind=constants.kind,
+        papa_method="lambda",
+        papa_calibrated_on="pairs" if constants.pairs else "single",
+        papa_surgery_version=__version__,
+    )
+    values = {layer: constants.values[layer].float() for layer in range(num_layers)}  # (H, L, L) each
+    mixed = build_papa_model(source, config, values)
+    for name, param in mixed.named_parameters():
+        param.requires_grad_(name.endswith("papa_lambda_logits"))
     return mixed.eval()
 
 

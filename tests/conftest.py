@@ -288,7 +288,7 @@ def make_papa(
     """A PAPA copy of ``src_model`` (the source is untouched) with the given constant heads.
 
     Goes through ``papa_surgery.convert.convert`` (what users get); ``kept_heads`` (lambda mixing, every
-    head in both sets) is not a conversion option, so it switches the copy's attention in place instead.
+    head in both sets) is not a conversion option, so it builds the mixed model from its config instead.
 
     Args:
         src_model: a tiny (or real) transformers model of a supported family.
@@ -313,23 +313,21 @@ def make_papa(
         constants = Constants(constants.float(), "test", max_length)
         return convert(src_model, constants, constant_heads, tokenizer=tokenizer, trainable_constants=trainable)
 
-    from papa_surgery.hub_code.configuration_papa import CONFIG_CLASSES, PAPA_FIELDS
-    from papa_surgery.hub_code.modeling_papa import apply_papa, attention_modules
+    # Lambda mixing (every head both kept and constant) is built the same way, by its config flag.
+    from papa_surgery.convert import build_papa_model, papa_config
 
-    model = copy.deepcopy(src_model)
-    config = model.config
-    config.__class__ = CONFIG_CLASSES[family.model_type]
-    for name, (_, default) in PAPA_FIELDS.items():
-        setattr(config, name, copy.deepcopy(default))
-    config.papa_max_length = int(max_length)
-    config.papa_constant_heads = [[int(layer), int(head)] for layer, head in constant_heads]
-    config.papa_sep_token_id = sep_token_id
-    apply_papa(model, kept_heads=kept_heads, trainable=trainable)
-    with torch.no_grad():
-        for layer, module in enumerate(attention_modules(model)):
-            if module.papa_const:
-                module.papa_constants.copy_(constants[layer, module.papa_const].to(module.papa_constants.dtype))
-    return model.eval()
+    every = sorted([int(a), int(b)] for a, b in kept_heads)
+    if every != sorted([int(a), int(b)] for a, b in constant_heads) or len(every) != layers * heads:
+        raise ValueError("kept_heads other than None is only defined for lambda mixing (every head in both sets)")
+    config = papa_config(
+        src_model.config,
+        papa_max_length=int(max_length),
+        papa_constant_heads=every,
+        papa_lambda_mixing=True,
+        papa_sep_token_id=sep_token_id,
+        papa_trainable_constants=trainable,
+    )
+    return build_papa_model(src_model, config, {layer: constants[layer].float() for layer in range(layers)})
 
 
 def family_for_model(model):

@@ -215,8 +215,7 @@ def test_bf16_model_accumulates_in_full_precision(minilm):
 
 def test_grouped_scatter_equals_gathered_scatter(monkeypatch):
     """The CUDA path (per-layout one-hot sums, race-free scatters) adds up to the CPU path, run here on CPU."""
-    from papa_surgery.accumulate import SlotAccumulator
-    from papa_surgery.hub_code.slots import SlotLayout
+    from papa_surgery.accumulate import SlotAccumulator, SlotLayout
 
     g = torch.Generator().manual_seed(0)
     mask = torch.tensor([[1] * 5 + [0] * 2, [1] * 7, [1] * 5 + [0] * 2, [1] * 3 + [0] * 4])  # repeated layouts

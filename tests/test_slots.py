@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from papa_surgery.hub_code.slots import PAD_SLOT, SlotLayout, compute_slots
+from papa_surgery.accumulate import SlotLayout
+from papa_surgery.hub_code.slots import PAD_SLOT, compute_slots, constant_attention, constant_probs
 
 L = 16
 SEP, PAD, CLS = 3, 0, 2
@@ -115,57 +116,50 @@ def test_second_pair_segment_too_long():
     assert compute_slots(ok_ids, ok_mask, L, SEP)[0, -1] == L - 1
 
 
-def test_slot_layout_probs_and_apply():
+def test_constant_probs_and_attention():
     ids, mask = ids_and_mask([[CLS, 10, SEP, 11, SEP], [CLS, 10, 11, SEP], [CLS, 10, SEP, 11, SEP]])
     slots = compute_slots(ids, mask, L, SEP)
-    layout = SlotLayout(slots, L)
-    assert not layout.shared and layout.unique.shape[0] == 2
     c = torch.rand(3, L, L) + 0.1
-    probs = layout.probs(c, torch.float32)  # (Hc, U, N, N)
-    per_example = layout.per_example(probs)  # (B, Hc, N, N)
+    probs = constant_probs(c, slots, torch.float32)  # (B, Hc, N, N)
+    assert probs.shape == (3, 3, ids.shape[1], ids.shape[1])
     for b in range(3):
         real = mask[b].bool()
         s = slots[b][real]
         expected = c[:, s][:, :, s]
         expected = expected / expected.sum(-1, keepdim=True)
-        got = per_example[b][:, real][:, :, real]
+        got = probs[b][:, real][:, :, real]
         assert torch.allclose(got, expected, atol=1e-6)
-        assert per_example[b][:, :, ~real].abs().sum() == 0
-        assert per_example[b][:, ~real].abs().sum() == 0  # padding queries get no mass
+        assert probs[b][:, :, ~real].abs().sum() == 0
+        assert probs[b][:, ~real].abs().sum() == 0  # padding queries get no mass
     value = torch.randn(3, 3, ids.shape[1], 4)  # (B, Hc, N, d)
-    out = layout.apply(probs, value)
-    assert torch.allclose(out, per_example @ value, atol=1e-6)
-    # The same probabilities already in batch order give the same result.
-    assert torch.allclose(layout.apply(per_example.transpose(0, 1), value, batch_order=True), out, atol=1e-6)
+    out, used = constant_attention(c, slots, value)
+    assert torch.equal(used, probs)
+    assert torch.allclose(out, probs @ value, atol=1e-6)
 
 
-def test_slot_layout_unique_order_differs_from_batch_order():
-    # As many unique layouts as examples, sorted differently from the batch: apply must map them back.
+def test_constant_probs_follow_each_example_whatever_the_order():
+    # Different layouts in a batch, left padded: each example reads its own cells.
     ids, mask = ids_and_mask([[CLS, 10, 11, SEP], [CLS, SEP], [CLS, 10, SEP]], side="left")
-    layout = SlotLayout(compute_slots(ids, mask, L, SEP), L)
-    assert layout.unique.shape[0] == 3 and layout.inverse.tolist() != [0, 1, 2]
-    probs = layout.probs(torch.eye(L).expand(1, L, L), torch.float32)
+    slots = compute_slots(ids, mask, L, SEP)
     value = torch.randn(3, 1, ids.shape[1], 2)
-    out = layout.apply(probs, value)
+    out, _ = constant_attention(torch.eye(L).expand(1, L, L), slots, value)
     real = mask.bool()
     assert torch.allclose(out[:, 0][real], value[:, 0][real])
 
 
-def test_slot_layout_shared_batch():
-    ids, mask = ids_and_mask([[CLS, 10, SEP], [CLS, 11, SEP]])
+def test_slot_layout_groups_equal_layouts():
+    # The accumulator's grouping (calibration on CUDA): equal slot rows share one layout.
+    ids, mask = ids_and_mask([[CLS, 10, SEP], [CLS, 11, SEP], [CLS, 10, 11, SEP]])
     layout = SlotLayout(compute_slots(ids, mask, L, SEP), L)
-    assert layout.shared
-    c = torch.rand(2, L, L)
-    probs = layout.probs(c, torch.float32)
-    value = torch.randn(2, 2, 3, 5)
-    assert torch.allclose(layout.apply(probs, value), layout.per_example(probs) @ value, atol=1e-6)
+    assert layout.unique.shape[0] == 2
+    assert layout.inverse[0] == layout.inverse[1] != layout.inverse[2]
+    assert torch.equal(layout.unique[layout.inverse], layout.slots)
 
 
 def test_zero_rows_give_zero():
     ids, mask = ids_and_mask([[CLS, 10, SEP]])
-    layout = SlotLayout(compute_slots(ids, mask, L, SEP), L)
     c = torch.ones(1, L, L)
     c[0, 1] = 0  # slot 1 never seen
-    probs = layout.probs(c, torch.float32)
+    probs = constant_probs(c, compute_slots(ids, mask, L, SEP), torch.float32)
     assert probs[0, 0, 1].abs().sum() == 0
     assert torch.allclose(probs[0, 0, [0, 2]].sum(-1), torch.ones(2))

@@ -23,13 +23,13 @@ from dataclasses import dataclass, field
 import torch
 
 from .. import __version__
-from ..accumulate import SlotAccumulator
+from ..accumulate import SlotAccumulator, SlotLayout
 from ..architectures import num_heads_layers
 from ..calibrate import process_batches
 from ..constants import ANALYSIS_KINDS, Constants
 from ..corpus import load_corpus
 from ..encoding import encode, model_inputs
-from ..hub_code.slots import SlotLayout, compute_slots
+from ..hub_code.slots import compute_slots
 from .capture import needs_output_attentions, recording
 from .effective import DEFAULT_RTOL, layer_effective
 from .norms import summed_norms

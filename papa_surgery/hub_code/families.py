@@ -34,6 +34,8 @@ class Family:
             ``ALL_ATTENTION_FUNCTIONS``; ``mpnet``, ``deberta``, ``deberta-v2``: softmax in the module).
         q, k, v: attribute names of the query, key and value projections.
         out: output projection inside the self-attention module (DistilBERT, MPNet), else ``None``.
+        layer_class: the gradient-checkpointed layer class of an override family (``style`` other than
+            ``interface``), which carries the batch's slots into recomputation; ``None`` otherwise.
         heads_attr: config attribute holding the number of heads per layer.
         layers_attr: config attribute holding the number of layers.
         middle_separators: separator tokens between the two segments of a pair (RoBERTa-style: 2).
@@ -49,6 +51,7 @@ class Family:
     k: str = "key"
     v: str = "value"
     out: str | None = None
+    layer_class: str | None = None
     heads_attr: str = "num_attention_heads"
     layers_attr: str = "num_hidden_layers"
     middle_separators: int = 1
@@ -133,6 +136,7 @@ FAMILIES: dict[str, Family] = {
             q="in_proj",
             k="in_proj",
             v="in_proj",
+            layer_class="DebertaLayer",
             auto_classes=_heads("Deberta", skip=("ForMultipleChoice",)),
         ),
         Family(
@@ -144,6 +148,7 @@ FAMILIES: dict[str, Family] = {
             q="query_proj",
             k="key_proj",
             v="value_proj",
+            layer_class="DebertaV2Layer",
             auto_classes=_heads("DebertaV2"),
         ),
     ]

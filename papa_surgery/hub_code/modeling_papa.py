@@ -1,26 +1,35 @@
-"""PAPA model classes: every auto class of every supported family, with constant attention heads.
+"""PAPA model classes: every auto class of a supported family, with constant attention heads.
 
-``Papa<Class>`` subclasses the transformers class (``PapaBertModel(BertModel)``,
-``PapaRobertaForSequenceClassification(RobertaForSequenceClassification)``, ...). Its ``post_init``
-switches the self-attention modules to their PAPA subclass (``papa_attention.py``) according to
-``config.papa_constant_heads`` before weights are initialised or loaded, and registers a pre-hook on
-the base model that turns each input's ids and attention mask into its slot layout (``slots.py``).
+``Papa<Class>`` subclasses the transformers class (``PapaBertModel(PapaModelMixin, BertModel)``,
+``PapaRobertaForSequenceClassification(...)``, ...); classes are built for the checkpoint's own family
+only, on first use (``papa_model_class``, or by name through this module's ``__getattr__``, which is what
+``auto_map`` and unpickling do).
+
+At construction (``post_init``, before weights are initialised or loaded) the self-attention modules
+become PAPA attention according to ``config.papa_constant_heads``. In ``forward`` the model turns the
+batch's ids and attention mask into slot indices (``slots.py``) and passes them down as an argument:
+the ``papa_slots`` keyword for families that dispatch through transformers' attention interface, a
+call-scoped context for the others (``overrides.py``). Nothing is stored on the model between calls.
 
 This file ships inside every PAPA checkpoint: it imports only torch, transformers and siblings.
 """
 
 from __future__ import annotations
 
+import importlib
 import inspect
 from collections import defaultdict
 
 import torch
-from transformers import initialization as init
+from torch import nn
 
-from .configuration_papa import CONFIG_CLASSES
+from .configuration_papa import papa_config_class
 from .families import FAMILIES, family_for
-from .papa_attention import PapaContext, PapaHeadsMixin, convert_module
-from .slots import SlotLayout, compute_slots
+from .overrides import attention_class, layer_class, slot_scope
+from .papa_attention import PAPA_PREFIX, PapaHeads, register_papa_attention, setup_interface_attention
+from .slots import compute_slots
+
+register_papa_attention()
 
 
 def heads_by_layer(pairs) -> dict[int, list[int]]:
@@ -31,96 +40,73 @@ def heads_by_layer(pairs) -> dict[int, list[int]]:
     return out
 
 
-def attention_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
-    """The self-attention module of every layer, in layer order."""
-    family = family_for(model.config.model_type)
-    cls = getattr(family.transformers_module(), family.attention_class)
+def family_class(family, name: str) -> type:
+    """A class of the family's transformers modeling module (imported on first use)."""
+    return getattr(importlib.import_module(f"transformers.models.{family.module}.modeling_{family.module}"), name)
+
+
+def attention_modules(model: nn.Module) -> list[nn.Module]:
+    """The self-attention module of every layer, in layer order (source or PAPA model)."""
+    cls = family_class(family_for(model.config.model_type), family_for(model.config.model_type).attention_class)
     return [m for m in model.modules() if isinstance(m, cls)]
 
 
-def apply_papa(
-    model: torch.nn.Module,
-    constant_heads=None,
-    kept_heads=None,
-    trainable: bool | None = None,
-) -> torch.nn.Module:
-    """Switch ``model``'s self-attention modules to PAPA attention, in place.
+def _replace(model: nn.Module, cls: type, make) -> None:
+    """Replace every submodule that is exactly ``cls`` by ``make(old)``."""
+    for name, old in list(model.named_modules()):
+        if type(old) is cls:
+            parent_name, _, attr = name.rpartition(".")
+            setattr(model.get_submodule(parent_name), attr, make(old))
 
-    Args:
-        model: a transformers model of a supported family whose config has the ``papa_*`` fields (or
-            plain fields: ``papa_max_length`` is then required via ``config``).
-        constant_heads: ``[[layer, head], ...]``; defaults to ``config.papa_constant_heads``.
-        kept_heads: ``[[layer, head], ...]`` that keep query/key; defaults to every non-constant head.
-            Lambda training passes every head here and in ``constant_heads``.
-        trainable: whether constants get gradients; defaults to ``config.papa_trainable_constants``.
-    """
+
+def _head_dim(config, family, num_heads: int) -> int:
+    hidden = config.hidden_size if hasattr(config, "hidden_size") else config.dim
+    return getattr(config, "attention_head_size", None) or hidden // num_heads
+
+
+def apply_papa(model: nn.Module) -> None:
+    """Turn ``model``'s self-attention modules into PAPA attention per its config, in place (construction)."""
     config = model.config
     family = family_for(config.model_type)
-    num_heads = getattr(config, family.heads_attr)
-    hidden = config.hidden_size if hasattr(config, "hidden_size") else config.dim
-    head_dim = getattr(config, "attention_head_size", None) or hidden // num_heads
-    const = heads_by_layer(config.papa_constant_heads if constant_heads is None else constant_heads)
-    kept = None if kept_heads is None else heads_by_layer(kept_heads)
-    if trainable is None:
-        trainable = bool(getattr(config, "papa_trainable_constants", False))
-    dtype = getattr(torch, getattr(config, "papa_constants_dtype", "float32") or "float32")
+    num_heads = int(getattr(config, family.heads_attr))
+    head_dim = _head_dim(config, family, num_heads)
+    constant = heads_by_layer(config.papa_constant_heads)
+    mixing = bool(config.papa_lambda_mixing)
+    dtype = getattr(torch, config.papa_constants_dtype or "float32")
+    trainable = bool(config.papa_trainable_constants)
     max_length = int(config.papa_max_length)
 
-    base = getattr(model, model.base_model_prefix, model)
-    context = base.__dict__.get("papa_context") or PapaContext()
-    modules = attention_modules(model)
-    for layer, module in enumerate(modules):
-        if isinstance(module, PapaHeadsMixin):
-            raise ValueError("this model already has PAPA attention; start from the source model")
-        convert_module(
-            module,
-            family,
-            layer,
-            num_heads,
-            head_dim,
-            const.get(layer, []),
-            max_length,
-            dtype,
-            trainable,
-            context,
-            kept_heads=None if kept is None else kept.get(layer, []),
-        )
-    if "papa_context" not in base.__dict__:
-        # The context lives on the base model so deepcopy keeps hook, context and layers together.
-        base.__dict__["papa_context"] = context
-        base.__dict__["papa_forward_params"] = list(inspect.signature(base.forward).parameters)
-        base.register_forward_pre_hook(_set_slot_layout, with_kwargs=True)
-    return model
+    def heads(layer: int) -> PapaHeads:
+        kept = list(range(num_heads)) if mixing else None
+        return PapaHeads.build(layer, num_heads, head_dim, constant.get(layer, []), kept)
+
+    if family.style == "interface":
+        for layer, module in enumerate(attention_modules(model)):
+            setup_interface_attention(module, family, heads(layer), max_length, dtype, trainable)
+        return
+    if family.layer_class is not None:  # checkpointed layers carry the slots into recomputation
+        papa_layer = layer_class(family)
+        _replace(model, family_class(family, family.layer_class), lambda old: _rebuilt(papa_layer, old, config))
+    layers = iter(range(10**9))
+    papa_attention = attention_class(family)
+
+    def make_attention(old: nn.Module) -> nn.Module:
+        new = _rebuilt(papa_attention, old, config)
+        new.papa_setup(heads(next(layers)), max_length, dtype, trainable)
+        return new
+
+    _replace(model, family_class(family, family.attention_class), make_attention)
 
 
-def _set_slot_layout(base: torch.nn.Module, args: tuple, kwargs: dict):
-    """Forward pre-hook of the base model: compute the batch's slot layout for the constant heads."""
-    params = base.__dict__["papa_forward_params"]
-
-    def arg(name):
-        if name in kwargs:
-            return kwargs[name]
-        if name in params and params.index(name) < len(args):
-            return args[params.index(name)]
-        return None
-
-    config, context = base.config, base.__dict__["papa_context"]
-    requested = arg("output_attentions")
-    context.output_attentions = bool(config.output_attentions if requested is None else requested)
-    context.layout = None
-    if not any(isinstance(m, PapaHeadsMixin) and m.papa_const for m in base.modules()):
-        return None
-    input_ids, mask, embeds = arg("input_ids"), arg("attention_mask"), arg("inputs_embeds")
-    shape = tuple(input_ids.shape) if input_ids is not None else tuple(embeds.shape[:2])
-    device = input_ids.device if input_ids is not None else embeds.device
-    slots = compute_slots(
-        input_ids, mask, int(config.papa_max_length), config.papa_sep_token_id, shape=shape, device=device
-    )
-    context.layout = SlotLayout(slots, int(config.papa_max_length))
-    return None
+def _rebuilt(cls: type, old: nn.Module, config) -> nn.Module:
+    """A fresh ``cls(config)`` on ``old``'s device and dtype (construction only: weights are loaded later)."""
+    param = next(old.parameters())
+    with torch.device(param.device):
+        new = cls(config)
+    return new.to(dtype=param.dtype)
 
 
-class PapaPreTrainedMixin:
+class PapaModelMixin:
     """Put in front of a transformers model class: PAPA attention from ``config.papa_constant_heads``."""
 
     def post_init(self):
@@ -129,22 +115,124 @@ class PapaPreTrainedMixin:
 
     def _init_weights(self, module):
         super()._init_weights(module)
-        if isinstance(module, PapaHeadsMixin) and module.papa_constants is not None:
+        constants = getattr(module, "papa_constants", None)
+        if isinstance(constants, torch.Tensor) and constants.device.type != "meta":
             # Loaded checkpoints overwrite this; a fresh model's constant heads output zero until set.
-            init.zeros_(module.papa_constants)
+            with torch.no_grad():
+                constants.zero_()
+        logits = getattr(module, "papa_lambda_logits", None)
+        if isinstance(logits, torch.Tensor) and logits.device.type != "meta":
+            with torch.no_grad():
+                logits.zero_()
+
+    @property
+    def papa_uses_interface(self) -> bool:
+        return family_for(self.config.model_type).style == "interface"
+
+    def get_correct_attn_implementation(self, requested_attention: str | None, is_init_check: bool = False) -> str:
+        """Resolve the requested implementation as the source would, then wrap it in PAPA attention.
+
+        ``attn_implementation="sdpa"`` (or ``"papa_sdpa"``) runs the kept heads with sdpa and the constant
+        heads as constant attention; the same for eager and the flash implementations.
+        """
+        if isinstance(requested_attention, str) and requested_attention.startswith(PAPA_PREFIX):
+            requested_attention = requested_attention[len(PAPA_PREFIX) :]
+        resolved = super().get_correct_attn_implementation(requested_attention, is_init_check)
+        return PAPA_PREFIX + resolved if self.papa_uses_interface else resolved
+
+    def papa_slots(
+        self,
+        input_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """(B, N) slot of every token of a batch (-1 for padding), as ``forward`` computes it.
+
+        Callers that pass ``inputs_embeds`` for sentence pairs compute the slots from the pair's ids and
+        pass them as ``papa_slots=``: embeddings alone do not say where the second segment starts.
+        """
+        config = self.config
+        # Multiple-choice heads take (B, C, N) inputs and run the encoder on (B*C, N).
+        input_ids = input_ids.reshape(-1, input_ids.shape[-1]) if input_ids is not None else None
+        if attention_mask is not None:
+            attention_mask = attention_mask.reshape(-1, attention_mask.shape[-1])
+        shape = device = None
+        if input_ids is None and inputs_embeds is not None:  # (..., N, hidden)
+            shape, device = (inputs_embeds[..., 0, 0].numel(), inputs_embeds.shape[-2]), inputs_embeds.device
+        sep = config.papa_sep_token_id if input_ids is not None else None
+        return compute_slots(input_ids, attention_mask, int(config.papa_max_length), sep, shape=shape, device=device)
+
+    def forward(self, papa_slots: torch.Tensor | None = None, **inputs):
+        """The source class's ``forward``, with the batch's slots passed down to the constant heads.
+
+        ``papa_slots`` (B, N) overrides the slots computed from ``input_ids`` and ``attention_mask``.
+        """
+        if not self.config.papa_constant_heads:
+            return super().forward(**inputs)
+        if papa_slots is None:
+            input_ids, embeds = inputs.get("input_ids"), inputs.get("inputs_embeds")
+            if input_ids is None and embeds is None:
+                raise ValueError("pass input_ids or inputs_embeds to a PAPA model")
+            papa_slots = self.papa_slots(input_ids, inputs.get("attention_mask"), embeds)
+        if self.papa_uses_interface:
+            return super().forward(**inputs, papa_slots=papa_slots)
+        with slot_scope(papa_slots):
+            return super().forward(**inputs)
 
 
-MODEL_CLASSES: dict[str, dict[str, type]] = {}
-for _family in FAMILIES.values():
-    _module = _family.transformers_module()
-    MODEL_CLASSES[_family.model_type] = {}
-    for _auto, _name in _family.auto_classes.items():
-        _cls = type(
-            f"Papa{_name}",
-            (PapaPreTrainedMixin, getattr(_module, _name)),
-            {"__module__": __name__, "config_class": CONFIG_CLASSES[_family.model_type]},
+def _forward_for(source: type):
+    """``PapaModelMixin.forward`` under the source class's signature (plus ``papa_slots``).
+
+    Positional arguments are named by the source's own signature (``RobertaForMultipleChoice`` takes
+    ``token_type_ids`` second, ``BertModel`` ``attention_mask``). Trainer, pipelines and peft read
+    ``inspect.signature(model.forward)`` to decide which inputs a model takes: they see the source's.
+    """
+    signature = inspect.signature(source.forward)
+    params = list(signature.parameters.values())[1:]  # without self
+    positional = [p.name for p in params if p.kind == inspect.Parameter.POSITIONAL_OR_KEYWORD]
+
+    def forward(self, *args, papa_slots=None, **kwargs):
+        if len(args) > len(positional):
+            raise TypeError(f"{type(self).__name__}.forward takes at most {len(positional)} positional arguments")
+        for name, value in zip(positional, args, strict=False):
+            if name in kwargs:
+                raise TypeError(f"{type(self).__name__}.forward got multiple values for argument {name!r}")
+            kwargs[name] = value
+        return PapaModelMixin.forward(self, papa_slots=papa_slots, **kwargs)
+
+    extra = inspect.Parameter("papa_slots", inspect.Parameter.KEYWORD_ONLY, default=None)
+    at = next((i for i, p in enumerate(params) if p.kind == inspect.Parameter.VAR_KEYWORD), len(params))
+    forward.__signature__ = signature.replace(
+        parameters=[*list(signature.parameters.values())[:1], *params[:at], extra, *params[at:]]
+    )
+    forward.__doc__ = PapaModelMixin.forward.__doc__
+    return forward
+
+
+def papa_model_class(model_type: str, auto_class: str = "AutoModel") -> type:
+    """``Papa<Class>`` for a family's auto class (``AutoModel``, ``AutoModelForMaskedLM``, ...), built on first use."""
+    family = family_for(model_type)
+    if auto_class not in family.auto_classes:
+        raise ValueError(
+            f"{family.model_type} has no PAPA class for {auto_class}; it has {sorted(family.auto_classes)}"
         )
-        MODEL_CLASSES[_family.model_type][_auto] = _cls
-        globals()[_cls.__name__] = _cls
+    source_name = family.auto_classes[auto_class]
+    name = f"Papa{source_name}"
+    if name not in globals():
+        source = family_class(family, source_name)
+        attrs = {
+            "__module__": __name__,
+            "config_class": papa_config_class(family.model_type),
+            "forward": _forward_for(source),
+        }
+        globals()[name] = type(name, (PapaModelMixin, source), attrs)
+    return globals()[name]
 
-__all__ = [c.__name__ for classes in MODEL_CLASSES.values() for c in classes.values()] + ["apply_papa"]
+
+def __getattr__(name: str):
+    # ``auto_map`` and unpickling look model classes up by name: build them on demand.
+    for family in FAMILIES.values():
+        for auto, source_name in family.auto_classes.items():
+            if name == f"Papa{source_name}":
+                return papa_model_class(family.model_type, auto)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,478 +1,268 @@
-"""PAPA self-attention: constant heads beside the model's own attention.
+"""PAPA attention for families that dispatch through transformers' attention interface.
 
-Each supported self-attention class is subclassed (never copied): :func:`papa_attention_class` makes
-``Papa<Family>SelfAttention(<Style>Mixin, <Family>SelfAttention)`` and :func:`convert_module` switches
-an existing module to it in place, keeping every attribute the parent set up.
+The family's own self-attention module runs unchanged: its query/key projections are shrunk to the kept
+heads, and ``config._attn_implementation`` names a registered PAPA attention function
+(``papa_sdpa``, ``papa_eager``, ``papa_flash_attention_2``, ...). That function runs the kept heads
+through the underlying implementation and the constant heads as ``rownorm(C[slots] * mask) @ V``
+(``slots.constant_attention``), and returns every head in its original order. The batch's slots arrive
+as the ``papa_slots`` keyword, which the PAPA model computes in its own ``forward`` and which
+transformers' ``**kwargs`` path carries from the model down to the attention function.
 
-Per layer, heads fall in two sets:
-
-- kept heads keep their query/key projections and run the family's own attention (the
-  ``ALL_ATTENTION_FUNCTIONS`` interface for BERT-like families, the in-module softmax for DeBERTa and
-  MPNet) on their slice of the heads;
-- constant heads have no query/key weights; they output ``rownorm(C[slots] * mask) @ V``.
-
-A head in both sets (only during lambda training, never in a checkpoint) mixes the two outputs:
-``lambda * attn + (1 - lambda) * const`` with ``lambda = sigmoid(papa_lambda_logits)``, which equals
-attending with ``B = lambda * A + (1 - lambda) * rownorm(C * mask)`` (paper section 3.2).
+A head that is both kept and constant (lambda training only, never in a checkpoint) mixes the two
+outputs: ``lambda * attn + (1 - lambda) * const`` with ``lambda = sigmoid(papa_lambda_logits)``, which
+equals attending with ``B = lambda * A + (1 - lambda) * rownorm(C * mask)`` (paper section 3.2).
 
 This file ships inside every PAPA checkpoint: it imports only torch, transformers and siblings.
 """
 
 from __future__ import annotations
 
+import functools
+import sys
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 from torch import nn
 
-from .slots import SlotLayout
+from .slots import constant_attention
+
+PAPA_PREFIX = "papa_"
+# Underlying implementations a PAPA attention function can wrap (those transformers knows of).
+BASE_IMPLEMENTATIONS = (
+    "eager",
+    "sdpa",
+    "flash_attention_2",
+    "flash_attention_3",
+    "flash_attention_4",
+    "flex_attention",
+)
 
 
-def _uninitialised_linear(in_features: int, out_features: int, bias: bool, like: torch.Tensor) -> nn.Linear:
-    """A Linear whose weights are about to be copied in: no init, so no draw from the global RNG."""
-    return torch.nn.utils.skip_init(
-        nn.Linear, in_features, out_features, bias=bias, device=like.device, dtype=like.dtype
-    )
+@dataclass(frozen=True)
+class PapaHeads:
+    """Which heads of one layer keep query/key attention and which use a constant matrix.
 
+    Attributes:
+        layer: the layer index.
+        num_heads: heads of the layer (H).
+        head_dim: d.
+        kept: heads that keep their query/key (sorted).
+        const: heads with a constant matrix (sorted). A head in both sets mixes them (lambda training).
+    """
 
-class PapaContext:
-    """Per-forward state shared by every PAPA attention of one model (set by the model's pre-hook)."""
+    layer: int
+    num_heads: int
+    head_dim: int
+    kept: tuple[int, ...]
+    const: tuple[int, ...]
 
-    def __init__(self):
-        self.layout: SlotLayout | None = None
-        self.output_attentions: bool = False
-
-
-class PapaHeadsMixin:
-    """Head bookkeeping, constants and the constant/mix path shared by every attention style."""
-
-    papa_layer: int
-    papa_num_heads: int
-    papa_head_dim: int
-    papa_kept: list[int]
-    papa_const: list[int]
-
-    def _papa_init(
-        self,
-        layer: int,
-        num_heads: int,
-        head_dim: int,
-        constant_heads: Sequence[int],
-        kept_heads: Sequence[int] | None,
-        max_length: int,
-        constants_dtype: torch.dtype,
-        trainable: bool,
-        context: PapaContext,
-    ) -> None:
-        self.papa_layer = layer
-        self.papa_num_heads = num_heads
-        self.papa_head_dim = head_dim
-        self.papa_const = sorted(set(constant_heads))
+    @classmethod
+    def build(cls, layer, num_heads, head_dim, constant_heads, kept_heads=None) -> PapaHeads:
+        const = tuple(sorted({int(h) for h in constant_heads}))
         if kept_heads is None:
-            kept_heads = [h for h in range(num_heads) if h not in self.papa_const]
-        self.papa_kept = sorted(set(kept_heads))
-        self.papa_max_length = max_length
-        self._papa_index_cache: dict = {}
-        # A plain attribute (not a submodule): every layer shares the model's one context.
-        self.__dict__["papa_context"] = context
-        if self.papa_const:
-            weight = self._papa_reference_weight()
-            data = torch.zeros(
-                len(self.papa_const), max_length, max_length, dtype=constants_dtype, device=weight.device
+            kept_heads = [h for h in range(num_heads) if h not in const]
+        kept = tuple(sorted({int(h) for h in kept_heads}))
+        bad = [h for h in (*const, *kept) if not 0 <= h < num_heads]
+        if bad:
+            raise ValueError(f"layer {layer} has {num_heads} heads; no head {bad[0]}")
+        heads = cls(int(layer), int(num_heads), int(head_dim), kept, const)
+        if heads.mixed and not kept == const == tuple(range(num_heads)):
+            raise ValueError(
+                f"layer {layer}: lambda mixing needs every head both kept and constant, got kept {list(kept)} "
+                f"and constant {list(const)}"
             )
-            # (Hc, L, L) constant attention of this layer's constant heads, in head order. Frozen constants
-            # are a persistent buffer, so no optimizer or weight loading can ever make them trainable; the
-            # paper's "labeled" matrices (papa_trainable_constants) are a parameter under the same name.
-            if trainable:
-                self.papa_constants = nn.Parameter(data)
-            else:
-                self.register_buffer("papa_constants", data, persistent=True)
-        else:
-            self.papa_constants = None
-        self.papa_lambda_logits = None
-        if self.papa_mixed:
-            # Lambda training (paper section 3.2): every head attends and has a constant; its output mixes
-            # the two with lambda = sigmoid(logit), 0.5 to start. Mixing only some heads is not defined.
-            if not self.papa_kept == self.papa_const == list(range(num_heads)):
-                raise ValueError(
-                    f"layer {layer}: lambda mixing needs every head both kept and constant, got kept "
-                    f"{self.papa_kept} and constant {self.papa_const}"
-                )
-            weight = self._papa_reference_weight()
-            self.papa_lambda_logits = nn.Parameter(torch.zeros(num_heads, dtype=torch.float32, device=weight.device))
+        return heads
 
     @property
-    def papa_mixed(self) -> list[int]:
-        return sorted(set(self.papa_kept) & set(self.papa_const))
+    def mixed(self) -> bool:
+        """Lambda training: every head is kept and constant."""
+        return bool(set(self.kept) & set(self.const))
 
-    def _papa_reference_weight(self) -> torch.Tensor:
-        raise NotImplementedError
+    @property
+    def order(self) -> list[int] | None:
+        """Index that puts ``cat([kept, const])`` heads back in head order (``None``: already in order)."""
+        position = {h: i for i, h in enumerate((*self.kept, *self.const))}
+        order = [position[h] for h in range(self.num_heads)]
+        return None if order == list(range(self.num_heads)) else order
 
-    def _papa_index(self, heads: list[int], device: torch.device) -> torch.Tensor:
-        key = (tuple(heads), device)
-        if key not in self._papa_index_cache:
-            self._papa_index_cache[key] = torch.tensor(heads, dtype=torch.long, device=device)
-        return self._papa_index_cache[key]
+    def rows(self, heads: Sequence[int]) -> list[int]:
+        """Rows of a (H*d, ...) per-head projection that belong to ``heads``."""
+        d = self.head_dim
+        return [r for h in heads for r in range(h * d, (h + 1) * d)]
 
-    def _papa_select(self, x: torch.Tensor, heads: list[int], dim: int = 1) -> torch.Tensor:
-        """Slice heads out of a (B, H, ...) tensor; free when they are all heads."""
-        if len(heads) == x.shape[dim]:
-            return x
-        return x.index_select(dim, self._papa_index(heads, x.device))
 
-    def _papa_constant(self, value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Constant heads' context and, when attentions are requested, the probabilities they used.
+def select_heads(x: torch.Tensor, heads: Sequence[int], num_heads: int, dim: int = 1) -> torch.Tensor:
+    """Heads ``heads`` of a tensor with ``num_heads`` heads along ``dim``; a slice when they are contiguous."""
+    heads = list(heads)
+    if heads == list(range(num_heads)):
+        return x
+    if heads == list(range(heads[0], heads[-1] + 1)):
+        return x.narrow(dim, heads[0], len(heads))
+    return x.index_select(dim, torch.tensor(heads, device=x.device))
 
-        Args:
-            value: (B, Hc, N, d) value vectors of the constant heads.
 
-        Returns:
-            context (B, Hc, N, d) and probabilities (Hc, B, N, N) in batch order after dropout, or
-            ``None`` for the probabilities when the model was not asked for attentions.
-        """
-        layout = self.papa_context.layout
-        if layout is None:
-            raise RuntimeError(
-                "PAPA constant heads need the input's slot layout: call the model itself (or its base model), "
-                "not one of its layers"
-            )
-        probs = layout.probs(self.papa_constants, value.dtype)  # (Hc, U, N, N)
-        batch_order = False
-        drop = self.dropout.p if self.training else 0.0
-        if drop > 0:
-            probs = nn.functional.dropout(probs[:, layout.inverse], p=drop, training=True)  # (Hc, B, N, N)
-            batch_order = True
-        context = layout.apply(probs, value, batch_order=batch_order)
-        if not self.papa_context.output_attentions:
-            return context, None
-        return context, probs if batch_order else probs[:, layout.inverse]
+def merge_heads(kept: torch.Tensor | None, const: torch.Tensor | None, heads: PapaHeads, dim: int) -> torch.Tensor:
+    """Kept and constant heads' tensors (heads along ``dim``) back in head order."""
+    if kept is None:
+        return const
+    if const is None:
+        return kept
+    order = heads.order
+    merged = torch.cat([kept, const.to(kept.dtype)], dim=dim)
+    return merged if order is None else merged.index_select(dim, torch.tensor(order, device=merged.device))
 
-    def _papa_merge(
-        self,
-        kept_ctx: torch.Tensor | None,
-        const_ctx: torch.Tensor | None,
-        shape: tuple[int, int, int, int],
-    ) -> torch.Tensor:
-        """Put kept (B, Hk, N, d) and constant (B, Hc, N, d) contexts back in head order: (B, H, N, d)."""
-        if const_ctx is None:
-            return kept_ctx
-        if kept_ctx is None:
-            return const_ctx
-        if self.papa_mixed:  # lambda training: every head is in both sets
-            lam = torch.sigmoid(self.papa_lambda_logits).to(kept_ctx.dtype).view(1, -1, 1, 1)  # (1, H, 1, 1)
-            return lam * kept_ctx + (1 - lam) * const_ctx
-        out = kept_ctx.new_empty(shape)
-        out.index_copy_(1, self._papa_index(self.papa_kept, out.device), kept_ctx)
-        out.index_copy_(1, self._papa_index(self.papa_const, out.device), const_ctx)
-        return out
 
-    def _papa_context(
-        self, kept_ctx: torch.Tensor | None, value: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Every head's context in the layout the output projection takes.
+def no_heads(hidden_states: torch.Tensor, head_dim: int) -> torch.Tensor:
+    """Stand-in query/key projection of a layer with no kept head: one zero head, no weights, no compute.
 
-        Args:
-            kept_ctx: (B, Hk, N, d) context of the kept heads (``None`` when none is kept).
-            value: (B, H, N, d) value vectors of all heads.
+    The family's forward still reshapes ``self.query(x)`` into heads; the PAPA attention function never
+    reads the result. The zeros are a stride-0 view of a scalar, so nothing is allocated.
+    """
+    return hidden_states.new_zeros(()).expand(*hidden_states.shape[:-1], head_dim)
 
-        Returns:
-            (B, N, H*d) context and the constant heads' probabilities (see :meth:`_papa_constant`).
-        """
-        b, h, n, d = value.shape
-        const_ctx = const_probs = None
-        if self.papa_const:
-            const_ctx, const_probs = self._papa_constant(self._papa_select(value, self.papa_const))
-        ctx = self._papa_merge(kept_ctx, const_ctx, (b, h, n, d))  # (B, H, N, d)
-        return ctx.transpose(1, 2).reshape(b, n, h * d), const_probs
 
-    def _papa_weights(
-        self, kept_w: torch.Tensor | None, const_probs: torch.Tensor | None, shape: tuple[int, int, int, int]
-    ) -> torch.Tensor | None:
-        """(B, H, N, N) attention weights when asked for: constants actually used for constant heads."""
-        if not self.papa_context.output_attentions or const_probs is None:
-            return kept_w
-        const_w = const_probs.transpose(0, 1)  # (B, Hc, N, N)
-        if not self.papa_kept:
-            return const_w
-        if kept_w is None:  # sdpa/flash give no weights for kept heads
-            kept_w = torch.full(
-                (shape[0], len(self.papa_kept), shape[2], shape[2]), float("nan"), device=const_w.device
-            )
-        return self._papa_merge(kept_w.to(const_w.dtype), const_w, (shape[0], shape[1], shape[2], shape[2]))
-
-    def _papa_shrink_linear(self, name: str) -> None:
-        """Keep only the kept heads' rows of a per-head projection (``None`` when no head is kept)."""
-        linear = getattr(self, name)
-        if linear is None:
-            return
-        if not self.papa_kept:
-            setattr(self, name, None)
-            return
-        d = self.papa_head_dim
-        rows = [r for h in self.papa_kept for r in range(h * d, (h + 1) * d)]
-        new = _uninitialised_linear(linear.in_features, len(rows), linear.bias is not None, linear.weight)
+def shrink_linear(linear: nn.Linear, rows: list[int]) -> nn.Linear:
+    """A Linear with only ``rows`` of ``linear``'s outputs (weights copied; none drawn from the RNG)."""
+    new = torch.nn.utils.skip_init(
+        nn.Linear,
+        linear.in_features,
+        len(rows),
+        bias=linear.bias is not None,
+        device=linear.weight.device,
+        dtype=linear.weight.dtype,
+    )
+    if linear.weight.device.type != "meta":
         with torch.no_grad():
             new.weight.copy_(linear.weight[rows])
             if linear.bias is not None:
                 new.bias.copy_(linear.bias[rows])
-        setattr(self, name, new)
+    return new
 
 
-class InterfaceAttentionMixin(PapaHeadsMixin):
-    """BERT-like families: kept heads dispatch through ``ALL_ATTENTION_FUNCTIONS`` (eager, sdpa, ...)."""
+def add_constants(module: nn.Module, heads: PapaHeads, max_length: int, dtype: torch.dtype, trainable: bool) -> None:
+    """Give ``module`` its constant matrices (and lambda logits when mixing), on its own device.
 
-    papa_names: tuple[str, str, str, str | None]  # q, k, v, out projection attribute names
-    papa_eager: object
-
-    def _papa_reference_weight(self):
-        return getattr(self, self.papa_names[2]).weight
-
-    def _papa_shrink(self) -> None:
-        q, k, _, _ = self.papa_names
-        self._papa_shrink_linear(q)
-        self._papa_shrink_linear(k)
-
-    def forward(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None, **kwargs):
-        from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-
-        q_name, k_name, v_name, out_name = self.papa_names
-        kwargs.pop("past_key_values", None)  # encoders only: no cache
-        kwargs.pop("output_attentions", None)
-        b, n, _ = hidden_states.shape
-        d, h = self.papa_head_dim, self.papa_num_heads
-        value = getattr(self, v_name)(hidden_states).view(b, n, h, d).transpose(1, 2)  # (B, H, N, d)
-
-        kept_ctx = kept_w = None
-        if self.papa_kept:
-            query = getattr(self, q_name)(hidden_states).view(b, n, -1, d).transpose(1, 2)  # (B, Hk, N, d)
-            key = getattr(self, k_name)(hidden_states).view(b, n, -1, d).transpose(1, 2)  # (B, Hk, N, d)
-            interface = ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation, self.papa_eager)
-            kept_ctx, kept_w = interface(
-                self,
-                query,
-                key,
-                self._papa_select(value, self.papa_kept),
-                attention_mask,
-                dropout=0.0 if not self.training else self.dropout.p,
-                scaling=self.scaling,
-                **kwargs,
-            )  # (B, N, Hk, d)
-            kept_ctx = kept_ctx.transpose(1, 2)  # (B, Hk, N, d)
-
-        ctx, const_probs = self._papa_context(kept_ctx, value)  # (B, N, H*d)
-        if out_name is not None:
-            ctx = getattr(self, out_name)(ctx)
-        return ctx, self._papa_weights(kept_w, const_probs, (b, h, n, d))
-
-
-class MPNetAttentionMixin(PapaHeadsMixin):
-    """MPNet: softmax in the module with a per-head relative position bias."""
-
-    def _papa_reference_weight(self):
-        return self.v.weight
-
-    def _papa_shrink(self) -> None:
-        self._papa_shrink_linear("q")
-        self._papa_shrink_linear("k")
-
-    def forward(self, hidden_states, attention_mask=None, position_bias=None, output_attentions=False, **kwargs):
-        b, n, _ = hidden_states.shape
-        d, h = self.papa_head_dim, self.papa_num_heads
-        value = self.v(hidden_states).view(b, n, h, d).transpose(1, 2)  # (B, H, N, d)
-        kept_ctx = kept_w = None
-        if self.papa_kept:
-            q = self.q(hidden_states).view(b, n, -1, d).transpose(1, 2)  # (B, Hk, N, d)
-            k = self.k(hidden_states).view(b, n, -1, d).transpose(1, 2)  # (B, Hk, N, d)
-            scores = torch.matmul(q, k.transpose(-1, -2)) / (d**0.5)  # (B, Hk, N, N)
-            if position_bias is not None:
-                scores = scores + self._papa_select(position_bias, self.papa_kept)
-            if attention_mask is not None:
-                scores = scores + attention_mask
-            kept_w = self.dropout(nn.functional.softmax(scores, dim=-1))
-            kept_ctx = torch.matmul(kept_w, self._papa_select(value, self.papa_kept))  # (B, Hk, N, d)
-        ctx, const_probs = self._papa_context(kept_ctx, value)  # (B, N, H*d)
-        out = self.o(ctx)
-        if output_attentions or self.papa_context.output_attentions:
-            return out, self._papa_weights(kept_w, const_probs, (b, h, n, d))
-        return (out,)
-
-
-class DebertaV2AttentionMixin(PapaHeadsMixin):
-    """DeBERTa-v2/v3: disentangled attention; the parent's bias code runs on the kept heads only."""
-
-    def _papa_reference_weight(self):
-        return self.value_proj.weight
-
-    def _papa_shrink(self) -> None:
-        for name in ("query_proj", "key_proj", "pos_key_proj", "pos_query_proj"):
-            if hasattr(self, name):
-                self._papa_shrink_linear(name)
-        # The parent's methods size their per-head views with num_attention_heads: the kept heads.
-        self.num_attention_heads = len(self.papa_kept)
-
-    def forward(
-        self,
-        hidden_states,
-        attention_mask,
-        output_attentions=False,
-        query_states=None,
-        relative_pos=None,
-        rel_embeddings=None,
-    ):
-        from transformers.models.deberta_v2.modeling_deberta_v2 import scaled_size_sqrt
-
-        b, n, _ = hidden_states.shape
-        d, h, hk = self.papa_head_dim, self.papa_num_heads, len(self.papa_kept)
-        value = self.value_proj(hidden_states).view(b, n, h, d).transpose(1, 2)  # (B, H, N, d)
-        kept_ctx = kept_w = None
-        if hk:
-            q_in = hidden_states if query_states is None else query_states
-            q = self.transpose_for_scores(self.query_proj(q_in), hk)  # (B*Hk, N, d)
-            k = self.transpose_for_scores(self.key_proj(hidden_states), hk)  # (B*Hk, N, d)
-            scale_factor = 1 + ("c2p" in self.pos_att_type) + ("p2c" in self.pos_att_type)
-            scale = scaled_size_sqrt(q, scale_factor)
-            scores = torch.bmm(q, k.transpose(-1, -2) / scale.to(dtype=q.dtype))  # (B*Hk, N, N)
-            if self.relative_attention:
-                rel = self.pos_dropout(rel_embeddings)
-                scores = scores + self.disentangled_attention_bias(q, k, relative_pos, rel, scale_factor)
-            scores = scores.view(-1, hk, n, n)  # (B, Hk, N, N)
-            scores = scores.masked_fill(~attention_mask.bool(), torch.finfo(q.dtype).min)
-            kept_w = self.dropout(nn.functional.softmax(scores, dim=-1))
-            v_k = self._papa_select(value, self.papa_kept)
-            kept_ctx = torch.bmm(kept_w.reshape(-1, n, n), v_k.reshape(-1, n, d)).view(b, hk, n, d)
-        ctx, const_probs = self._papa_context(kept_ctx, value)  # (B, N, H*d)
-        if output_attentions or self.papa_context.output_attentions:
-            return ctx, self._papa_weights(kept_w, const_probs, (b, h, n, d))
-        return ctx, None
-
-
-class DebertaAttentionMixin(PapaHeadsMixin):
-    """DeBERTa v1: a fused, per-head interleaved ``in_proj`` (q, k, v rows of head 0, then head 1...).
-
-    Kept heads keep their q/k/v rows in ``in_proj``; constant heads keep only their value rows, in
-    ``papa_value_proj``. ``v_bias`` stays for all heads; ``q_bias`` and the positional projections keep
-    the kept heads' entries.
+    Frozen constants are a persistent buffer, so no optimizer or weight loading can make them trainable;
+    the paper's "labeled" matrices (``papa_trainable_constants``) are a parameter under the same name.
     """
-
-    def _papa_reference_weight(self):
-        return self.in_proj.weight
-
-    def _papa_shrink(self) -> None:
-        if getattr(self, "head_logits_proj", None) is not None:
-            raise ValueError("DeBERTa talking-head attention mixes heads, so single heads cannot be made constant")
-        d, weight = self.papa_head_dim, self.in_proj.weight  # (H*3d, hidden)
-        per_head = weight.view(self.papa_num_heads, 3, d, -1)  # (H, 3, d, hidden)
-        self.papa_value_proj = None
-        if self.papa_const and not self.papa_mixed:
-            value_rows = per_head[self.papa_const, 2].reshape(-1, weight.shape[1])
-            self.papa_value_proj = _uninitialised_linear(weight.shape[1], value_rows.shape[0], False, weight)
-            with torch.no_grad():
-                self.papa_value_proj.weight.copy_(value_rows)
-        if set(self.papa_kept) != set(range(self.papa_num_heads)):
-            if self.papa_kept:
-                kept_rows = per_head[self.papa_kept].reshape(-1, weight.shape[1])
-                self.in_proj = _uninitialised_linear(weight.shape[1], kept_rows.shape[0], False, weight)
-                with torch.no_grad():
-                    self.in_proj.weight.copy_(kept_rows)
-            else:
-                self.in_proj = None
-            q_bias = self.q_bias.view(self.papa_num_heads, d)[self.papa_kept].reshape(-1)
-            self.q_bias = nn.Parameter(q_bias.detach().clone())
-            for name in ("pos_proj", "pos_q_proj"):
-                if hasattr(self, name):
-                    self._papa_shrink_linear(name)
-        self.num_attention_heads = len(self.papa_kept)
-
-    def forward(
-        self,
-        hidden_states,
-        attention_mask,
-        output_attentions=False,
-        query_states=None,
-        relative_pos=None,
-        rel_embeddings=None,
-    ):
-        from transformers.models.deberta.modeling_deberta import scaled_size_sqrt
-
-        if query_states is not None:
-            raise NotImplementedError("PAPA DeBERTa attention does not support query_states (z_steps > 1)")
-        b, n, _ = hidden_states.shape
-        d, h, hk = self.papa_head_dim, self.papa_num_heads, len(self.papa_kept)
-        v_bias = self.v_bias.view(1, h, 1, d)
-        value = q = k = None
-        if hk:
-            qkv = self.in_proj(hidden_states).view(b, n, hk, 3 * d).permute(0, 2, 1, 3)  # (B, Hk, N, 3d)
-            q, k, v_kept = qkv.chunk(3, dim=-1)  # each (B, Hk, N, d)
-        if self.papa_value_proj is not None:
-            v_const = self.papa_value_proj(hidden_states).view(b, n, -1, d).transpose(1, 2)  # (B, Hc, N, d)
-            value = self._papa_merge(v_kept if hk else None, v_const, (b, h, n, d)) if hk else v_const
+    device = next(module.parameters()).device
+    if heads.const:
+        data = torch.zeros(len(heads.const), max_length, max_length, dtype=dtype, device=device)  # (Hc, L, L)
+        if trainable:
+            module.papa_constants = nn.Parameter(data)
         else:
-            value = v_kept  # every head has its q/k/v in in_proj (no constants, or lambda mixing)
-        value = value + v_bias  # (B, H, N, d)
-
-        kept_ctx = kept_w = None
-        if hk:
-            q = q + self.transpose_for_scores(self.q_bias[None, None, :])
-            scale_factor = 1 + len(self.pos_att_type)
-            q = q / scaled_size_sqrt(q, scale_factor).to(dtype=q.dtype)
-            scores = torch.matmul(q, k.transpose(-1, -2))  # (B, Hk, N, N)
-            if self.relative_attention and rel_embeddings is not None and relative_pos is not None:
-                rel = self.pos_dropout(rel_embeddings)
-                scores = scores + self.disentangled_att_bias(q, k, relative_pos, rel, scale_factor)
-            scores = scores.masked_fill(~attention_mask.bool(), torch.finfo(q.dtype).min)
-            kept_w = self.dropout(nn.functional.softmax(scores, dim=-1))
-            kept_ctx = torch.matmul(kept_w, self._papa_select(value, self.papa_kept))  # (B, Hk, N, d)
-        ctx, const_probs = self._papa_context(kept_ctx, value)  # (B, N, H*d)
-        if output_attentions or self.papa_context.output_attentions:
-            return ctx, self._papa_weights(kept_w, const_probs, (b, h, n, d))
-        return ctx, None
+            module.register_buffer("papa_constants", data, persistent=True)
+    if heads.mixed:
+        # Lambda training (paper section 3.2): lambda = sigmoid(0) = 0.5 to start.
+        module.papa_lambda_logits = nn.Parameter(torch.zeros(heads.num_heads, dtype=torch.float32, device=device))
 
 
-_STYLE_MIXINS = {
-    "interface": InterfaceAttentionMixin,
-    "mpnet": MPNetAttentionMixin,
-    "deberta": DebertaAttentionMixin,
-    "deberta-v2": DebertaV2AttentionMixin,
-}
-_CLASS_CACHE: dict = {}
+def setup_interface_attention(
+    module: nn.Module, family, heads: PapaHeads, max_length: int, dtype: torch.dtype, trainable: bool
+) -> None:
+    """Turn one interface-family self-attention module into PAPA attention, in place.
 
-
-def papa_attention_class(family) -> type:
-    """``Papa<Family>SelfAttention``: the family's self-attention class with the PAPA mixin in front."""
-    if family.model_type not in _CLASS_CACHE:
-        module = family.transformers_module()
-        parent = getattr(module, family.attention_class)
-        attrs = {"__module__": __name__}
-        if family.style == "interface":
-            attrs["papa_names"] = (family.q, family.k, family.v, family.out)
-            attrs["papa_eager"] = staticmethod(module.eager_attention_forward)
-        name = f"Papa{family.prefix}SelfAttention"
-        _CLASS_CACHE[family.model_type] = type(name, (_STYLE_MIXINS[family.style], parent), attrs)
-    return _CLASS_CACHE[family.model_type]
-
-
-def convert_module(
-    module: nn.Module,
-    family,
-    layer: int,
-    num_heads: int,
-    head_dim: int,
-    constant_heads: Sequence[int],
-    max_length: int,
-    constants_dtype: torch.dtype,
-    trainable: bool,
-    context: PapaContext,
-    kept_heads: Sequence[int] | None = None,
-) -> nn.Module:
-    """Switch one source self-attention module to its PAPA subclass, in place.
-
-    The query/key rows of heads not in ``kept_heads`` are dropped (for a fresh model they are random
-    and the checkpoint's weights fill the smaller projections). ``kept_heads=None`` means every head not
-    in ``constant_heads``; lambda training passes all heads so every head is in both sets.
+    Shrinks the query/key projections to the kept heads (a weightless :func:`no_heads` stand-in when none
+    is kept), adds the constants, and records in ``papa_rows`` which source rows each shrunk weight keeps
+    (``convert`` builds the checkpoint's state dict from it).
     """
-    module.__class__ = papa_attention_class(family)
-    module._papa_init(
-        layer, num_heads, head_dim, constant_heads, kept_heads, max_length, constants_dtype, trainable, context
-    )
-    module._papa_shrink()
-    return module
+    module.papa_heads = heads
+    module.papa_rows = {}
+    if heads.const and not heads.mixed:
+        for name in (family.q, family.k):
+            linear = getattr(module, name)
+            delattr(module, name)
+            if heads.kept:
+                rows = heads.rows(heads.kept)
+                setattr(module, name, shrink_linear(linear, rows))
+                module.papa_rows[f"{name}.weight"] = (f"{name}.weight", rows)
+                if linear.bias is not None:
+                    module.papa_rows[f"{name}.bias"] = (f"{name}.bias", rows)
+            else:
+                setattr(module, name, functools.partial(no_heads, head_dim=heads.head_dim))
+    add_constants(module, heads, max_length, dtype, trainable)
+
+
+def _base_function(module: nn.Module, base: str):
+    """The underlying attention function: the family's own eager function, or a registered one."""
+    if base == "eager":
+        return sys.modules[type(module).__module__].eager_attention_forward
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    return ALL_ATTENTION_FUNCTIONS[base]
+
+
+def papa_attention_forward(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    papa_slots: torch.Tensor | None = None,
+    papa_base: str = "sdpa",
+    **kwargs,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Attention with constant heads; the signature transformers' attention interface calls.
+
+    Args:
+        module: the family's self-attention module (with ``papa_heads`` and ``papa_constants``).
+        query, key: (B, Hk, N, d) of the kept heads (a placeholder when no head is kept).
+        value: (B, H, N, d) of every head.
+        attention_mask: the mask the underlying implementation expects (kept heads only).
+        dropout: attention dropout probability (0 in eval mode).
+        papa_slots: (B, N) slots of the batch, from the PAPA model's forward.
+        papa_base: the underlying implementation for the kept heads.
+
+    Returns:
+        (B, N, H, d) context of every head in head order, and (B, H, N, N) weights or ``None`` (the
+        underlying implementation gives none, and attentions were not asked for).
+    """
+    base = _base_function(module, papa_base)
+    heads: PapaHeads | None = getattr(module, "papa_heads", None)
+    if heads is None or not heads.const:
+        return base(module, query, key, value, attention_mask, dropout=dropout, **kwargs)
+    if papa_slots is None:
+        raise ValueError(
+            "PAPA constant heads need the batch's slots: call the PAPA model itself (model(...) or "
+            "model.forward(...)), or pass papa_slots=model.papa_slots(input_ids, attention_mask)"
+        )
+    h = heads.num_heads
+    kept_out = kept_w = None
+    if heads.kept:
+        v_kept = value if heads.mixed else select_heads(value, heads.kept, h)
+        kept_out, kept_w = base(module, query, key, v_kept, attention_mask, dropout=dropout, **kwargs)  # (B, N, Hk, d)
+    v_const = value if heads.mixed else select_heads(value, heads.const, h)  # (B, Hc, N, d)
+    const_ctx, const_p = constant_attention(module.papa_constants, papa_slots, v_const, dropout)
+    const_out = const_ctx.transpose(1, 2)  # (B, N, Hc, d)
+
+    if heads.mixed:  # B = lambda * A + (1 - lambda) * C, per head
+        lam = torch.sigmoid(module.papa_lambda_logits).to(kept_out.dtype)  # (H,)
+        out = lam.view(1, 1, h, 1) * kept_out + (1 - lam.view(1, 1, h, 1)) * const_out.to(kept_out.dtype)
+        mixed_w = None if kept_w is None else lam.view(1, h, 1, 1) * kept_w + (1 - lam.view(1, h, 1, 1)) * const_p
+        return out, mixed_w
+    out = merge_heads(kept_out, const_out, heads, dim=2)  # (B, N, H, d)
+    if heads.kept and kept_w is None and not kwargs.get("output_attentions"):
+        return out, None
+    if heads.kept and kept_w is None:  # sdpa/flash materialise no weights for the kept heads
+        b, n = papa_slots.shape
+        kept_w = const_p.new_full((b, len(heads.kept), n, n), float("nan"))
+    return out, merge_heads(kept_w, const_p, heads, dim=1)  # (B, H, N, N)
+
+
+def papa_mask_function(base: str):
+    """The mask function transformers uses for ``papa_<base>``: the underlying implementation's own."""
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
+
+    return ALL_MASK_ATTENTION_FUNCTIONS[base if base in ALL_MASK_ATTENTION_FUNCTIONS else "sdpa"]
+
+
+def register_papa_attention() -> None:
+    """Register ``papa_<base>`` attention and mask functions for every known underlying implementation."""
+    from transformers.masking_utils import AttentionMaskInterface
+    from transformers.modeling_utils import AttentionInterface
+
+    for base in BASE_IMPLEMENTATIONS:
+        AttentionInterface.register(PAPA_PREFIX + base, functools.partial(papa_attention_forward, papa_base=base))
+        AttentionMaskInterface.register(PAPA_PREFIX + base, papa_mask_function(base))

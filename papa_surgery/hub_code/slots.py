@@ -1,10 +1,15 @@
-"""Slot layout: where each real token of an input sits in a constant matrix (DESIGN.md section 3).
+"""Slot layout and constant attention (DESIGN.md section 3).
 
 A constant matrix C is defined on ``max_length`` (L) slots laid out like the paper's App. A: the first
 segment starts at slot 0, a pair's middle separator(s) sit at L/2 (RoBERTa's ``</s></s>`` at L/2 and
 L/2+1) with the second segment right after, and the last real token (the final separator) sits at L-1.
 Inputs are never padded to L: each real token gets a slot index and a constant head reads
 ``C[slot_i, slot_j]`` for the example's real tokens only.
+
+Everything here is pure tensor arithmetic with no data-dependent Python branch, so a model that uses it
+traces (``torch.export``, ONNX dynamo export, ``torch.compile(fullgraph=True)``). The one check on the
+data, "does the input fit in L slots", is a ``ValueError`` in eager mode and a runtime assertion in a
+traced graph.
 
 This file ships inside every PAPA checkpoint: it imports only torch.
 """
@@ -14,6 +19,16 @@ from __future__ import annotations
 import torch
 
 PAD_SLOT = -1
+
+
+def _tracing() -> bool:
+    """Whether the model is being traced (dynamo, torch.export, jit), where tensor values are unknown."""
+    compiler = getattr(torch, "compiler", None)
+    for name in ("is_compiling", "is_exporting"):
+        check = getattr(compiler, name, None)
+        if check is not None and check():
+            return True
+    return torch.jit.is_tracing()
 
 
 def compute_slots(
@@ -72,13 +87,19 @@ def compute_slots(
 
 
 def _check_fits(n_real: torch.Tensor, first_mid: torch.Tensor, is_pair: torch.Tensor, max_length: int) -> None:
-    """Raise a ValueError naming the limit when an input does not fit the slot layout (one host sync)."""
+    """Raise a ValueError naming the limit when an input does not fit the slot layout (one host sync).
+
+    In a traced graph the values are unknown: the check becomes a runtime assertion instead.
+    """
     half = max_length // 2
     too_long = n_real > max_length
     # Pair: first segment in slots [0, L/2); separators + second segment in [L/2, L-1); final token at L-1.
     first_too_long = is_pair & (first_mid > half)
     second_too_long = is_pair & (n_real - 1 - first_mid > max_length - 1 - half)
-    bad = torch.cat([too_long, first_too_long, second_too_long], dim=-1)
+    bad = torch.cat([too_long, first_too_long, second_too_long], dim=-1)  # (B, 3)
+    if _tracing():
+        torch._assert_async(~bad.any(), f"input does not fit the constant attention's {max_length} slots")
+        return
     if not bool(bad.any()):
         return
     fix = (
@@ -107,74 +128,46 @@ def _check_fits(n_real: torch.Tensor, first_mid: torch.Tensor, is_pair: torch.Te
     )
 
 
-class SlotLayout:
-    """The slots of one batch, with what every constant head of every layer can share.
+def constant_probs(constants: torch.Tensor, slots: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Masked, row-normalised constants of each example (the paper's footnote 8).
 
-    Built once per forward pass; each layer then only gathers its own constants. Examples with the same
-    slots (same length and separators) share one normalised matrix, so a batch of equal-length inputs
-    gathers and normalises a single (N, N) matrix per head.
+    Args:
+        constants: (Hc, L, L) constant matrices of a layer's constant heads (any float dtype; negative
+            entries count as 0).
+        slots: (B, N) from :func:`compute_slots`.
+        dtype: dtype of the result (the value vectors' dtype).
+
+    Returns:
+        (B, Hc, N, N) attention probabilities. A row with no mass (a slot no calibration example reached,
+        the ``zeros`` kind, a padding query) is all zeros, so its head output is zero.
     """
+    hc, length = constants.shape[0], constants.shape[-1]
+    real = slots >= 0  # (B, N)
+    s = slots.clamp_min(0)
+    cells = s[:, :, None] * length + s[:, None, :]  # (B, N, N) into the flat L*L grid
+    flat = constants.float().clamp_min(0).reshape(hc, -1)  # (Hc, L*L)
+    p = flat[:, cells] * (real[:, :, None] & real[:, None, :])  # (Hc, B, N, N)
+    denom = p.sum(-1, keepdim=True)  # (Hc, B, N, 1)
+    # Division by a clamped denominator keeps empty rows at 0 without a data-dependent branch.
+    p = p / denom.clamp_min(torch.finfo(p.dtype).tiny)
+    return p.transpose(0, 1).to(dtype)  # (B, Hc, N, N)
 
-    def __init__(self, slots: torch.Tensor, max_length: int):
-        self.slots = slots  # (B, N)
-        self.max_length = max_length
-        self.unique, self.inverse = torch.unique(slots, dim=0, return_inverse=True)  # (U, N), (B,)
-        real = self.unique >= 0  # (U, N)
-        s = self.unique.clamp_min(0)
-        self.cell_index = s[:, :, None] * max_length + s[:, None, :]  # (U, N, N) into the flat L*L grid
-        self.cell_mask = real[:, :, None] & real[:, None, :]  # (U, N, N)
 
-    @property
-    def shared(self) -> bool:
-        """Whether every example of the batch has the same slots."""
-        return self.unique.shape[0] == 1
+def constant_attention(
+    constants: torch.Tensor, slots: torch.Tensor, value: torch.Tensor, dropout: float = 0.0
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Context vectors of constant heads: ``dropout(rownorm(C[slots] * mask)) @ V``.
 
-    def probs(self, constants: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-        """Masked, row-normalised constants per unique layout.
+    Args:
+        constants: (Hc, L, L) constant matrices.
+        slots: (B, N) slot of every token (``PAD_SLOT`` for padding).
+        value: (B, Hc, N, d) value vectors of the constant heads.
+        dropout: attention dropout probability (pass 0 in eval mode).
 
-        Args:
-            constants: (Hc, L, L) constant matrices of the constant heads.
-            dtype: dtype of the result (the value vectors' dtype).
-
-        Returns:
-            (Hc, U, N, N) attention probabilities; a row with no mass (an unseen slot, the ``zeros``
-            kind, a padding query) is all zeros, so its head output is zero.
-        """
-        hc = constants.shape[0]
-        flat = constants.float().clamp_min(0).reshape(hc, -1)  # (Hc, L*L)
-        p = flat[:, self.cell_index] * self.cell_mask  # (Hc, U, N, N)
-        denom = p.sum(-1, keepdim=True)  # (Hc, U, N, 1)
-        p = torch.where(denom > 0, p / denom.clamp_min(torch.finfo(p.dtype).tiny), torch.zeros_like(p))
-        return p.to(dtype)
-
-    def per_example(self, probs: torch.Tensor) -> torch.Tensor:
-        """(Hc, U, N, N) -> (B, Hc, N, N)."""
-        return probs[:, self.inverse].transpose(0, 1)
-
-    def apply(self, probs: torch.Tensor, value: torch.Tensor, batch_order: bool = False) -> torch.Tensor:
-        """Constant-head context vectors.
-
-        Args:
-            probs: (Hc, U, N, N) from :meth:`probs` (one matrix per unique layout), or, with
-                ``batch_order=True``, (Hc, B, N, N) in batch order (e.g. after per-example dropout).
-                The two cannot be told apart by shape (U may equal B with the layouts in another order),
-                so the caller says which it passes.
-            value: (B, Hc, N, d) value vectors of the constant heads.
-            batch_order: whether ``probs`` is already in batch order.
-
-        Returns:
-            (B, Hc, N, d).
-        """
-        b, hc, n, d = value.shape
-        if not batch_order:
-            if probs.shape[1] != self.unique.shape[0]:
-                raise ValueError(f"expected probabilities for {self.unique.shape[0]} layouts, got {probs.shape[1]}")
-            if self.shared and b > 1:
-                # One layout for the whole batch: a single (N, N) @ (N, B*d) product per head.
-                v = value.permute(1, 2, 0, 3).reshape(hc, n, b * d)  # (Hc, N, B*d)
-                out = torch.matmul(probs[:, 0], v)  # (Hc, N, B*d)
-                return out.view(hc, n, b, d).permute(2, 0, 1, 3)  # (B, Hc, N, d)
-            probs = probs[:, self.inverse]  # (Hc, B, N, N)
-        elif probs.shape[1] != b:
-            raise ValueError(f"expected per-example probabilities for {b} examples, got {probs.shape[1]}")
-        return torch.matmul(probs.transpose(0, 1), value)  # (B, Hc, N, d)
+    Returns:
+        context (B, Hc, N, d) and the probabilities used (B, Hc, N, N), after dropout.
+    """
+    probs = constant_probs(constants, slots, value.dtype)  # (B, Hc, N, N)
+    if dropout > 0:
+        probs = torch.nn.functional.dropout(probs, p=dropout, training=True)
+    return torch.matmul(probs, value), probs  # (B, Hc, N, d)

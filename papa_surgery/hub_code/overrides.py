@@ -1,0 +1,290 @@
+"""PAPA attention for the families without transformers' attention interface: MPNet, DeBERTa v1, v2/v3.
+
+These families compute the softmax inside their self-attention module and their base models pass no
+extra keyword down to it, so their self-attention ``forward`` is overridden (a subclass, never a copy of
+the module) and the batch's slots reach it through :func:`slot_scope`, a context variable the PAPA model
+sets for the duration of its own ``forward``. A context variable is per thread and per call, so
+concurrent and nested forwards each see their own slots.
+
+Gradient checkpointing recomputes a layer during the backward pass, after the model's ``forward`` has
+returned: the checkpointed layers (DeBERTa) therefore take the slots in force when they are called as an
+explicit keyword (which the checkpoint stores with the layer's other arguments) and set the scope again
+when they are recomputed.
+
+Override classes are built for the checkpoint's own family only, on first use, and bound in this module
+(so pickling finds them).
+
+This file ships inside every PAPA checkpoint: it imports only torch, transformers and siblings.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+from contextvars import ContextVar
+
+import torch
+from torch import nn
+
+from .papa_attention import PapaHeads, add_constants, merge_heads, select_heads, shrink_linear
+from .slots import constant_attention
+
+_SLOTS: ContextVar[torch.Tensor | None] = ContextVar("papa_slots", default=None)
+
+
+@contextlib.contextmanager
+def slot_scope(slots: torch.Tensor | None):
+    """Make ``slots`` (B, N) the current batch's slots for override-family attention."""
+    token = _SLOTS.set(slots)
+    try:
+        yield
+    finally:
+        _SLOTS.reset(token)
+
+
+def current_slots() -> torch.Tensor:
+    slots = _SLOTS.get()
+    if slots is None:
+        raise ValueError(
+            "PAPA constant heads need the batch's slots: call the PAPA model itself (model(...) or "
+            "model.forward(...)), not one of its layers"
+        )
+    return slots
+
+
+class _OverrideMixin:
+    """Head bookkeeping shared by the override families' attention."""
+
+    papa_heads: PapaHeads
+    papa_rows: dict
+
+    def _papa_shrink(self, names: tuple[str, ...]) -> None:
+        """Keep the kept heads' rows of each per-head projection in ``names`` (``None`` when none is kept)."""
+        heads = self.papa_heads
+        if not heads.const or heads.mixed:
+            return
+        rows = heads.rows(heads.kept)
+        for name in names:
+            linear = getattr(self, name, None)
+            if linear is None:
+                continue
+            setattr(self, name, shrink_linear(linear, rows) if rows else None)
+            if rows:
+                self.papa_rows[f"{name}.weight"] = (f"{name}.weight", rows)
+                if linear.bias is not None:
+                    self.papa_rows[f"{name}.bias"] = (f"{name}.bias", rows)
+
+    def _papa_context(self, kept_ctx, value, output_attentions, kept_w):
+        """Merge kept (B, Hk, N, d) and constant contexts: (B, N, H*d) and the (B, H, N, N) weights if asked."""
+        heads = self.papa_heads
+        b, h, n, d = value.shape
+        const_ctx = const_p = None
+        if heads.const:
+            v_const = value if heads.mixed else select_heads(value, heads.const, h)
+            drop = self.dropout.p if self.training else 0.0
+            const_ctx, const_p = constant_attention(self.papa_constants, current_slots(), v_const, drop)
+        if heads.mixed:  # B = lambda * A + (1 - lambda) * C, per head
+            lam = torch.sigmoid(self.papa_lambda_logits).to(kept_ctx.dtype).view(1, h, 1, 1)  # (1, H, 1, 1)
+            ctx = lam * kept_ctx + (1 - lam) * const_ctx.to(kept_ctx.dtype)
+            kept_w = lam * kept_w + (1 - lam) * const_p
+        else:
+            ctx = merge_heads(kept_ctx, const_ctx, heads, dim=1)  # (B, H, N, d)
+        ctx = ctx.transpose(1, 2).reshape(b, n, h * d)
+        if not output_attentions:
+            return ctx, None
+        if const_p is None or heads.mixed:
+            return ctx, kept_w
+        return ctx, merge_heads(kept_w.to(const_p.dtype) if kept_w is not None else None, const_p, heads, dim=1)
+
+
+class MPNetAttentionMixin(_OverrideMixin):
+    """MPNet: softmax in the module with a per-head relative position bias (kept heads' slice)."""
+
+    def papa_setup(self, heads: PapaHeads, max_length: int, dtype: torch.dtype, trainable: bool) -> None:
+        self.papa_heads, self.papa_rows = heads, {}
+        self._papa_shrink(("q", "k"))
+        add_constants(self, heads, max_length, dtype, trainable)
+
+    def forward(self, hidden_states, attention_mask=None, position_bias=None, output_attentions=False, **kwargs):
+        heads = self.papa_heads
+        b, n, _ = hidden_states.shape
+        d, h = heads.head_dim, heads.num_heads
+        value = self.v(hidden_states).view(b, n, h, d).transpose(1, 2)  # (B, H, N, d)
+        kept_ctx = kept_w = None
+        if heads.kept:
+            q = self.q(hidden_states).view(b, n, -1, d).transpose(1, 2)  # (B, Hk, N, d)
+            k = self.k(hidden_states).view(b, n, -1, d).transpose(1, 2)  # (B, Hk, N, d)
+            scores = torch.matmul(q, k.transpose(-1, -2)) / (d**0.5)  # (B, Hk, N, N)
+            if position_bias is not None:
+                scores = scores + select_heads(position_bias, heads.kept, h)
+            if attention_mask is not None:
+                scores = scores + attention_mask
+            kept_w = self.dropout(nn.functional.softmax(scores, dim=-1))
+            v_kept = value if heads.mixed else select_heads(value, heads.kept, h)
+            kept_ctx = torch.matmul(kept_w, v_kept)  # (B, Hk, N, d)
+        ctx, weights = self._papa_context(kept_ctx, value, output_attentions, kept_w)  # (B, N, H*d)
+        out = self.o(ctx)
+        return (out, weights) if output_attentions else (out,)
+
+
+class DebertaV2AttentionMixin(_OverrideMixin):
+    """DeBERTa v2/v3: disentangled attention; the parent's bias code runs on the kept heads only."""
+
+    def papa_setup(self, heads: PapaHeads, max_length: int, dtype: torch.dtype, trainable: bool) -> None:
+        self.papa_heads, self.papa_rows = heads, {}
+        self._papa_shrink(("query_proj", "key_proj", "pos_key_proj", "pos_query_proj"))
+        # The parent's methods size their per-head views with num_attention_heads: the kept heads.
+        self.num_attention_heads = len(heads.kept)
+        add_constants(self, heads, max_length, dtype, trainable)
+
+    def forward(
+        self,
+        hidden_states,
+        attention_mask,
+        output_attentions=False,
+        query_states=None,
+        relative_pos=None,
+        rel_embeddings=None,
+    ):
+        from transformers.models.deberta_v2.modeling_deberta_v2 import scaled_size_sqrt
+
+        heads = self.papa_heads
+        b, n, _ = hidden_states.shape
+        d, h, hk = heads.head_dim, heads.num_heads, len(heads.kept)
+        value = self.value_proj(hidden_states).view(b, n, h, d).transpose(1, 2)  # (B, H, N, d)
+        kept_ctx = kept_w = None
+        if hk:
+            q_in = hidden_states if query_states is None else query_states
+            q = self.transpose_for_scores(self.query_proj(q_in), hk)  # (B*Hk, N, d)
+            k = self.transpose_for_scores(self.key_proj(hidden_states), hk)  # (B*Hk, N, d)
+            scale_factor = 1 + ("c2p" in self.pos_att_type) + ("p2c" in self.pos_att_type)
+            scale = scaled_size_sqrt(q, scale_factor)
+            scores = torch.bmm(q, k.transpose(-1, -2) / scale.to(dtype=q.dtype))  # (B*Hk, N, N)
+            if self.relative_attention:
+                rel = self.pos_dropout(rel_embeddings)
+                scores = scores + self.disentangled_attention_bias(q, k, relative_pos, rel, scale_factor)
+            scores = scores.view(-1, hk, n, n)  # (B, Hk, N, N)
+            scores = scores.masked_fill(~attention_mask.bool(), torch.finfo(q.dtype).min)
+            kept_w = self.dropout(nn.functional.softmax(scores, dim=-1))
+            v_k = value if heads.mixed else select_heads(value, heads.kept, h)
+            kept_ctx = torch.bmm(kept_w.reshape(-1, n, n), v_k.reshape(-1, n, d)).view(b, hk, n, d)
+        return self._papa_context(kept_ctx, value, output_attentions, kept_w)
+
+
+class DebertaAttentionMixin(_OverrideMixin):
+    """DeBERTa v1: a fused, per-head interleaved ``in_proj`` (q, k, v rows of head 0, then head 1...).
+
+    Kept heads keep their q/k/v rows in ``in_proj``; constant heads keep only their value rows, in
+    ``papa_value_proj``. ``v_bias`` stays for all heads; ``q_bias`` and the positional projections keep
+    the kept heads' entries.
+    """
+
+    def papa_setup(self, heads: PapaHeads, max_length: int, dtype: torch.dtype, trainable: bool) -> None:
+        if getattr(self, "head_logits_proj", None) is not None:
+            raise ValueError("DeBERTa talking-head attention mixes heads, so single heads cannot be made constant")
+        self.papa_heads, self.papa_rows = heads, {}
+        self.papa_value_proj = None
+        if heads.const and not heads.mixed:
+            d = heads.head_dim
+            fused = [r for h in heads.kept for r in range(3 * h * d, 3 * (h + 1) * d)]  # q, k, v of kept heads
+            values = [r for h in heads.const for r in range(3 * h * d + 2 * d, 3 * (h + 1) * d)]
+            self.papa_value_proj = shrink_linear(self.in_proj, values)
+            self.papa_rows["papa_value_proj.weight"] = ("in_proj.weight", values)
+            self.in_proj = shrink_linear(self.in_proj, fused) if fused else None
+            if fused:
+                self.papa_rows["in_proj.weight"] = ("in_proj.weight", fused)
+            rows = heads.rows(heads.kept)
+            self.q_bias = nn.Parameter(self.q_bias.detach()[rows].clone())
+            self.papa_rows["q_bias"] = ("q_bias", rows)
+            self._papa_shrink(("pos_proj", "pos_q_proj"))
+        self.num_attention_heads = len(heads.kept)
+        add_constants(self, heads, max_length, dtype, trainable)
+
+    def forward(
+        self,
+        hidden_states,
+        attention_mask,
+        output_attentions=False,
+        query_states=None,
+        relative_pos=None,
+        rel_embeddings=None,
+    ):
+        from transformers.models.deberta.modeling_deberta import scaled_size_sqrt
+
+        if query_states is not None:
+            raise NotImplementedError("PAPA DeBERTa attention does not support query_states (z_steps > 1)")
+        heads = self.papa_heads
+        b, n, _ = hidden_states.shape
+        d, h, hk = heads.head_dim, heads.num_heads, len(heads.kept)
+        q = k = v_kept = None
+        if hk:
+            qkv = self.in_proj(hidden_states).view(b, n, hk, 3 * d).permute(0, 2, 1, 3)  # (B, Hk, N, 3d)
+            q, k, v_kept = qkv.chunk(3, dim=-1)  # each (B, Hk, N, d)
+        if self.papa_value_proj is not None:
+            v_const = self.papa_value_proj(hidden_states).view(b, n, -1, d).transpose(1, 2)  # (B, Hc, N, d)
+            value = merge_heads(v_kept, v_const, heads, dim=1)
+        else:
+            value = v_kept  # every head has its q/k/v in in_proj (no constants, or lambda mixing)
+        value = value + self.v_bias.view(1, h, 1, d)  # (B, H, N, d)
+
+        kept_ctx = kept_w = None
+        if hk:
+            q = q + self.transpose_for_scores(self.q_bias[None, None, :])
+            scale_factor = 1 + len(self.pos_att_type)
+            q = q / scaled_size_sqrt(q, scale_factor).to(dtype=q.dtype)
+            scores = torch.matmul(q, k.transpose(-1, -2))  # (B, Hk, N, N)
+            if self.relative_attention and rel_embeddings is not None and relative_pos is not None:
+                rel = self.pos_dropout(rel_embeddings)
+                scores = scores + self.disentangled_att_bias(q, k, relative_pos, rel, scale_factor)
+            scores = scores.masked_fill(~attention_mask.bool(), torch.finfo(q.dtype).min)
+            kept_w = self.dropout(nn.functional.softmax(scores, dim=-1))
+            v_k = value if heads.mixed else select_heads(value, heads.kept, h)
+            kept_ctx = torch.matmul(kept_w, v_k)  # (B, Hk, N, d)
+        return self._papa_context(kept_ctx, value, output_attentions, kept_w)
+
+
+class SlotScopedLayerMixin:
+    """A checkpointed layer that carries the slots in force at call time into its (re)computation."""
+
+    def __call__(self, *args, **kwargs):
+        kwargs.setdefault("papa_slots", _SLOTS.get())
+        return super().__call__(*args, **kwargs)
+
+    def forward(self, *args, papa_slots=None, **kwargs):
+        with slot_scope(papa_slots):
+            return super().forward(*args, **kwargs)
+
+
+_MIXINS = {"mpnet": MPNetAttentionMixin, "deberta": DebertaAttentionMixin, "deberta-v2": DebertaV2AttentionMixin}
+
+
+def _build(name: str, mixin: type, family, parent_name: str) -> type:
+    if name not in globals():
+        module = importlib.import_module(f"transformers.models.{family.module}.modeling_{family.module}")
+        globals()[name] = type(name, (mixin, getattr(module, parent_name)), {"__module__": __name__})
+    return globals()[name]
+
+
+def attention_class(family) -> type:
+    """``Papa<Family>SelfAttention(<Style>Mixin, <Family's self-attention>)``, built on first use."""
+    return _build(f"Papa{family.prefix}SelfAttention", _MIXINS[family.style], family, family.attention_class)
+
+
+def layer_class(family) -> type | None:
+    """``Papa<Family>Layer``: the family's checkpointed layer carrying the slots, or ``None`` if it has none."""
+    if family.layer_class is None:
+        return None
+    return _build(f"Papa{family.prefix}Layer", SlotScopedLayerMixin, family, family.layer_class)
+
+
+def __getattr__(name: str):
+    # Unpickling a model looks its classes up by name: build them on demand.
+    from .families import FAMILIES
+
+    for family in FAMILIES.values():
+        if family.style in _MIXINS:
+            if name == f"Papa{family.prefix}SelfAttention":
+                return attention_class(family)
+            if family.layer_class is not None and name == f"Papa{family.prefix}Layer":
+                return layer_class(family)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
