@@ -21,6 +21,7 @@ from .constants import Constants
 from .hub_code.configuration_papa import PAPA_FIELDS, PAPA_FORMAT_VERSION, papa_config_class
 from .hub_code.modeling_papa import attention_modules, heads_by_layer, papa_model_class
 from .loading import public_name, resolve_dtype
+from .st_files import copy_sentence_transformers_files
 
 HUB_CODE_FILES = (
     "configuration_papa.py",
@@ -268,6 +269,15 @@ def build_recipe(model, constants: Constants, ranking=None, command: str | None 
     }
 
 
+def save_tokenizer(tokenizer, out_dir: str | Path, max_length: int) -> None:
+    """Save ``tokenizer`` with ``model_max_length`` = L, so ``truncation=True`` and pipelines fit the slots."""
+    tokenizer.save_pretrained(out_dir)
+    path = Path(out_dir) / "tokenizer_config.json"
+    config = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+    config["model_max_length"] = int(max_length)
+    path.write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+
+
 def save_checkpoint(
     model,
     out_dir: str | Path,
@@ -291,11 +301,10 @@ def save_checkpoint(
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
     try:
-        model.save_pretrained(tmp)
-        for name in HUB_CODE_FILES:
-            shutil.copy2(HUB_CODE_DIR / name, tmp / name)
+        model.save_pretrained(tmp)  # the PAPA classes are registered for auto classes: code files ride along
         if tokenizer is not None:
-            tokenizer.save_pretrained(tmp)
+            save_tokenizer(tokenizer, tmp, int(model.config.papa_max_length))
+            copy_sentence_transformers_files(tokenizer.name_or_path, tmp, int(model.config.papa_max_length))
         (tmp / "papa_recipe.json").write_text(json.dumps(recipe or {}, indent=2, default=str) + "\n")
         if card:
             from .card import write_card

@@ -73,7 +73,9 @@ def papa_config_class(model_type: str) -> type:
             "__annotations__": {field: typ for field, (typ, _) in PAPA_FIELDS.items()},
             **{field: default for field, (_, default) in PAPA_FIELDS.items()},
         }
-        globals()[name] = type(name, (base,), attrs)
+        cls = type(name, (base,), attrs)
+        cls.register_for_auto_class("AutoConfig")
+        globals()[name] = cls
     return globals()[name]
 
 

@@ -225,7 +225,11 @@ def papa_model_class(model_type: str, auto_class: str = "AutoModel") -> type:
             "config_class": papa_config_class(family.model_type),
             "forward": _forward_for(source),
         }
-        globals()[name] = type(name, (PapaModelMixin, source), attrs)
+        cls = type(name, (PapaModelMixin, source), attrs)
+        # save_pretrained / push_to_hub of any PAPA model (converted or fine-tuned) then writes this code
+        # next to the weights and names the class in the config's auto_map.
+        cls.register_for_auto_class(auto_class)
+        globals()[name] = cls
     return globals()[name]
 
 

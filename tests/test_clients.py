@@ -1,0 +1,326 @@
+"""The converted model in the clients its source works in (issue 9).
+
+Every test runs the real client, not a stand-in: ``torch.export`` and ONNX dynamo export (matched against
+eager on a second shape), ``torch.compile``, gradient checkpointing with two forwards before one backward,
+pickling, concurrent threads, sentence-transformers, peft's LoRA, a ``transformers`` pipeline, and
+``save_pretrained`` of a converted or fine-tuned model.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import warnings
+
+import pytest
+import torch
+from conftest import FAMILY_TYPES, PAIRS, SENTENCES, make_constants
+
+from papa_surgery.constants import Constants
+from papa_surgery.convert import convert, save_checkpoint
+from papa_surgery.hub_code.families import family_for
+
+L = 64
+LAYERS, HEADS = 2, 4
+HALF = [[0, 1], [0, 3], [1, 0], [1, 2]]  # fraction 0.5, both layers keep two heads
+ALL = [[layer, h] for layer in range(LAYERS) for h in range(HEADS)]
+INTERFACE = [t for t in FAMILY_TYPES if family_for(t).style == "interface"]
+TOL = 1e-5
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def papa_of(tiny, model_type, heads=HALF, head="AutoModel", attn=None, **overrides):
+    attn = attn or ("sdpa" if model_type in INTERFACE else "eager")
+    src = tiny.model(model_type, head=head, attn=attn, **overrides)
+    tok = tiny.tokenizer(model_type)
+    constants = Constants(make_constants("random", LAYERS, HEADS, L), "test", L)
+    return src, tok, convert(src, constants, heads, tokenizer=tok, fraction=len(heads) / (LAYERS * HEADS))
+
+
+def batch(tok, examples, pairs=False):
+    if pairs:
+        return tok([a for a, _ in examples], [b for _, b in examples], padding=True, return_tensors="pt")
+    return tok(list(examples), padding=True, return_tensors="pt")
+
+
+class Encoder(torch.nn.Module):
+    """(input_ids, attention_mask) -> last hidden state: the signature exporters take."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids, attention_mask):
+        return self.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+
+
+# --- export and compile -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("model_type", FAMILY_TYPES)
+def test_torch_export_with_dynamic_shapes_matches_eager(tiny, model_type):
+    _, tok, papa = papa_of(tiny, model_type)
+    model = Encoder(papa).eval()
+    first, second = batch(tok, SENTENCES[:2]), batch(tok, PAIRS, pairs=True)
+    assert first["input_ids"].shape != second["input_ids"].shape
+    b, n = torch.export.Dim("batch"), torch.export.Dim("length", max=L)
+    shapes = ({0: b, 1: n}, {0: b, 1: n})
+    program = torch.export.export(model, (first["input_ids"], first["attention_mask"]), dynamic_shapes=shapes)
+    got = program.module()(second["input_ids"], second["attention_mask"])
+    with torch.no_grad():
+        expected = model(second["input_ids"], second["attention_mask"])
+    assert float((got - expected).abs().max()) <= TOL
+
+
+@pytest.mark.parametrize("model_type", ["bert", "distilbert", "mpnet", "deberta-v2"])
+def test_onnx_dynamo_export_matches_eager(tiny, model_type, tmp_path):
+    pytest.importorskip("onnxscript")
+    ort = pytest.importorskip("onnxruntime")
+    _, tok, papa = papa_of(tiny, model_type)
+    model = Encoder(papa).eval()
+    first, second = batch(tok, SENTENCES[:2]), batch(tok, PAIRS, pairs=True)
+    b, n = torch.export.Dim("batch"), torch.export.Dim("length", max=L)
+    path = tmp_path / "model.onnx"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(
+            model,
+            (first["input_ids"], first["attention_mask"]),
+            str(path),
+            dynamo=True,
+            input_names=["input_ids", "attention_mask"],
+            dynamic_shapes=({0: b, 1: n}, {0: b, 1: n}),
+        )
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    feed = {"input_ids": second["input_ids"].numpy(), "attention_mask": second["attention_mask"].numpy()}
+    got = torch.from_numpy(session.run(None, feed)[0])
+    with torch.no_grad():
+        expected = model(second["input_ids"], second["attention_mask"])
+    assert float((got - expected).abs().max()) <= 1e-4  # onnxruntime's kernels round differently
+
+
+@pytest.mark.parametrize("model_type", ["bert", "roberta", "distilbert"])
+def test_torch_compile_fullgraph(tiny, model_type):
+    _, tok, papa = papa_of(tiny, model_type)
+    model = Encoder(papa).eval()
+    compiled = torch.compile(model, fullgraph=True, dynamic=True)
+    for enc in (batch(tok, SENTENCES[:2]), batch(tok, PAIRS, pairs=True)):
+        with torch.no_grad():
+            got = compiled(enc["input_ids"], enc["attention_mask"])
+            expected = model(enc["input_ids"], enc["attention_mask"])
+        assert float((got - expected).abs().max()) <= TOL
+
+
+def test_export_keeps_the_length_check(tiny):
+    """A traced model cannot raise ValueError on data: an input longer than L fails at run time instead."""
+    _, tok, papa = papa_of(tiny, "bert")
+    model = Encoder(papa).eval()
+    enc = batch(tok, SENTENCES[:2])
+    n = torch.export.Dim("length", max=L + 20)  # past L, within the tiny models' 96 positions
+    program = torch.export.export(model, (enc["input_ids"], enc["attention_mask"]), dynamic_shapes=({1: n}, {1: n}))
+    long = torch.full((2, L + 5), tok.convert_tokens_to_ids("the"))
+    with pytest.raises(Exception, match="slots"):
+        program.module()(long, torch.ones_like(long))
+    with pytest.raises(ValueError, match=f"papa_max_length={L}"):
+        model(long, torch.ones_like(long))
+
+
+# --- training clients -------------------------------------------------------------------------------------
+
+
+def _two_forward_loss(model, tok):
+    """The contrastive-loop pattern: two forwards of different shapes, then one backward."""
+    a = batch(tok, SENTENCES[:2])
+    b = batch(tok, PAIRS, pairs=True)
+    loss = model(**a).last_hidden_state.pow(2).mean() + model(**b).last_hidden_state.sin().mean()
+    loss.backward()
+    return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.parametrize("reentrant", [True, False], ids=["reentrant", "non-reentrant"])
+@pytest.mark.parametrize("model_type", ["bert", "distilbert", "deberta", "deberta-v2"])
+def test_gradient_checkpointing_two_forwards_then_backward(tiny, model_type, reentrant):
+    if model_type == "deberta-v2" and reentrant:
+        pytest.skip(
+            "transformers' own DeBERTa-v2 fails re-entrant checkpointing with two forwards (its shared "
+            "rel_embeddings graph is freed by the first recomputation); non-reentrant is tested"
+        )
+    _, tok, papa = papa_of(tiny, model_type)
+    for module in papa.modules():  # dropout off: both runs must see the same computation
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+    papa.train()
+    expected = _two_forward_loss(papa, tok)
+    papa.zero_grad(set_to_none=True)
+    papa.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": reentrant})
+    if reentrant:  # re-entrant checkpointing needs an input that requires grad to record the layers
+        papa.enable_input_require_grads()
+    got = _two_forward_loss(papa, tok)
+    assert set(got) == set(expected)
+    for name in expected:
+        assert torch.allclose(got[name], expected[name], atol=TOL), name
+
+
+@pytest.mark.parametrize("model_type", ["bert", "mpnet", "deberta"])
+def test_pickle_round_trip(tiny, model_type, tmp_path):
+    _, tok, papa = papa_of(tiny, model_type)
+    path = tmp_path / "model.pt"
+    torch.save(papa, path)
+    loaded = torch.load(path, weights_only=False)
+    enc = batch(tok, PAIRS, pairs=True)
+    with torch.no_grad():
+        assert torch.equal(loaded(**enc).last_hidden_state, papa(**enc).last_hidden_state)
+
+
+@pytest.mark.parametrize("model_type", ["bert", "mpnet"])
+def test_threads_get_their_own_results(tiny, model_type):
+    _, tok, papa = papa_of(tiny, model_type)
+    inputs = [batch(tok, SENTENCES[:1]), batch(tok, PAIRS, pairs=True), batch(tok, SENTENCES)]
+    with torch.no_grad():
+        expected = [papa(**enc).last_hidden_state for enc in inputs]
+    results: dict = {}
+    start = threading.Barrier(len(inputs))
+
+    def work(i):
+        start.wait()
+        with torch.no_grad():
+            for _ in range(20):
+                out = papa(**inputs[i]).last_hidden_state
+                if not torch.equal(out, expected[i]):
+                    results[i] = "differs"
+                    return
+        results[i] = "ok"
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(len(inputs))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert results == {i: "ok" for i in range(len(inputs))}
+
+
+def test_lora_on_the_linear_layers_the_config_names(tiny):
+    peft = pytest.importorskip("peft")
+    src, tok, papa = papa_of(tiny, "bert", heads=HALF, head="AutoModelForSequenceClassification")
+    names = papa.config.papa_linear_names
+    assert names == {"query": [0, 1], "key": [0, 1], "value": [0, 1]}
+    lora = peft.get_peft_model(
+        papa, peft.LoraConfig(target_modules=["query", "value"], r=4, task_type="SEQ_CLS", init_lora_weights=False)
+    )
+    adapted = {n for n, _ in lora.named_modules() if n.endswith((".query", ".value")) and hasattr(_, "lora_A")}
+    assert len(adapted) == 2 * LAYERS
+    enc = batch(tok, SENTENCES)
+    out = lora(**enc, labels=torch.tensor([0, 1, 2, 0]))
+    out.loss.backward()
+    assert all(p.grad is not None for n, p in lora.named_parameters() if "lora_" in n)
+
+
+def test_lora_at_fraction_one_finds_no_query(tiny):
+    """At fraction 1 no layer has query/key: the config says so, and LoRA on them adapts only value."""
+    peft = pytest.importorskip("peft")
+    _, tok, papa = papa_of(tiny, "bert", heads=ALL)
+    assert papa.config.papa_linear_names["query"] == [] and papa.config.papa_linear_names["value"] == [0, 1]
+    lora = peft.get_peft_model(papa, peft.LoraConfig(target_modules=["query", "value"], r=4))
+    adapted = [n for n, m in lora.named_modules() if hasattr(m, "lora_A") and not n.endswith("lora_A")]
+    assert adapted and all(n.endswith(".value") for n in adapted)
+
+
+def test_pipeline_truncates_to_the_slots(tiny, tmp_path):
+    from transformers import pipeline
+
+    _, tok, papa = papa_of(tiny, "bert", head="AutoModelForSequenceClassification")
+    out = save_checkpoint(papa, tmp_path / "ckpt", tokenizer=tok, card=False)
+    assert json.loads((out / "tokenizer_config.json").read_text())["model_max_length"] == L
+    classify = pipeline("text-classification", model=str(out), trust_remote_code=True, device="cpu")
+    long_text = " ".join(["the movie is good"] * 40)  # ~160 tokens, more than L
+    assert len(classify(long_text, truncation=True)) == 1
+
+
+def test_save_pretrained_of_a_converted_or_fine_tuned_model_carries_its_code(tiny, tmp_path):
+    """register_for_auto_class: a plain save_pretrained writes the code files and the auto_map."""
+    from transformers import AutoModel
+
+    _, tok, papa = papa_of(tiny, "roberta")
+    papa.save_pretrained(tmp_path / "plain")
+    names = {p.name for p in (tmp_path / "plain").iterdir()}
+    assert {"modeling_papa.py", "configuration_papa.py", "slots.py", "papa_attention.py", "overrides.py"} <= names
+    config = json.loads((tmp_path / "plain" / "config.json").read_text())
+    assert config["auto_map"]["AutoModel"] == "modeling_papa.PapaRobertaModel"
+    loaded = AutoModel.from_pretrained(tmp_path / "plain", trust_remote_code=True)
+    loaded.save_pretrained(tmp_path / "again")  # a model loaded from remote code saves its code too
+    again = AutoModel.from_pretrained(tmp_path / "again", trust_remote_code=True)
+    enc = batch(tok, PAIRS, pairs=True)
+    with torch.no_grad():
+        assert float((again(**enc).last_hidden_state - papa(**enc).last_hidden_state).abs().max()) <= 1e-6
+
+
+# --- sentence-transformers --------------------------------------------------------------------------------
+
+
+def _sentence_transformers_folder(tiny, model_type, out):
+    st = pytest.importorskip("sentence_transformers")
+    from sentence_transformers import models
+
+    source = tiny.save(model_type, out / "hf")
+    encoder = models.Transformer(str(source), max_seq_length=48)
+    pooling = models.Pooling(encoder.get_word_embedding_dimension(), pooling_mode="mean")
+    model = st.SentenceTransformer(modules=[encoder, pooling, models.Normalize()], device="cpu")
+    model.save(str(out / "st"))
+    return out / "st"
+
+
+@pytest.mark.parametrize("model_type", ["bert", "mpnet"])
+def test_sentence_transformers_round_trip_tiny(tiny, model_type, tmp_path):
+    from sentence_transformers import SentenceTransformer
+    from transformers import AutoModel, AutoTokenizer
+
+    folder = _sentence_transformers_folder(tiny, model_type, tmp_path)
+    source = SentenceTransformer(str(folder), device="cpu")
+    src = AutoModel.from_pretrained(folder).eval()
+    tok = AutoTokenizer.from_pretrained(folder)
+    expected = source.encode(SENTENCES, convert_to_tensor=True)
+    for heads in ([], HALF, ALL):
+        constants = Constants(make_constants("random", LAYERS, HEADS, L), "test", L)
+        papa = convert(src, constants, heads, tokenizer=tok)
+        out = save_checkpoint(papa, tmp_path / f"papa-{len(heads)}", tokenizer=tok, card=False)
+        assert {"modules.json", "1_Pooling", "sentence_bert_config.json"} <= {p.name for p in out.iterdir()}
+        model = SentenceTransformer(str(out), device="cpu", trust_remote_code=True)
+        assert model.max_seq_length == min(48, L)
+        got = model.encode(SENTENCES, convert_to_tensor=True)
+        assert torch.allclose(got.norm(dim=-1), torch.ones(len(SENTENCES)), atol=1e-5)  # Normalize kept
+        if not heads:
+            assert float((got - expected).abs().max()) <= TOL
+        else:
+            assert float((got - expected).abs().max()) > 1e-3  # constant heads change the embedding
+
+
+@pytest.mark.real
+def test_sentence_transformers_round_trip_minilm(minilm_path, tmp_path):
+    st = pytest.importorskip("sentence_transformers")
+    from transformers import AutoModel, AutoTokenizer
+
+    source = st.SentenceTransformer(str(minilm_path), device="cpu")
+    src = AutoModel.from_pretrained(minilm_path).eval()
+    tok = AutoTokenizer.from_pretrained(minilm_path)
+    texts = [*SENTENCES, "Constant attention heads are cheap to run."]
+    expected = source.encode(texts, convert_to_tensor=True)
+    layers, heads = 6, 12
+    every = [[layer, h] for layer in range(layers) for h in range(heads)]
+    constants = Constants.from_kind("toeplitz", layers, heads, 128)
+    for fraction in (0.0, 0.5, 1.0):
+        chosen = every[: int(len(every) * fraction)]
+        papa = convert(src, constants, chosen, tokenizer=tok, fraction=fraction)
+        out = save_checkpoint(papa, tmp_path / f"minilm-{fraction}", tokenizer=tok, card=False)
+        model = st.SentenceTransformer(str(out), device="cpu", trust_remote_code=True)
+        assert model.max_seq_length == 128
+        got = model.encode(texts, convert_to_tensor=True)
+        assert torch.allclose(got.norm(dim=-1), torch.ones(len(texts)), atol=1e-5)
+        if fraction == 0.0:
+            assert float((got - expected).abs().max()) <= TOL
