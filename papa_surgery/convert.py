@@ -11,7 +11,6 @@ import datetime as _dt
 import json
 import shutil
 import sys
-import tempfile
 from pathlib import Path
 
 import torch
@@ -206,18 +205,20 @@ def save_checkpoint(
 ) -> Path:
     """Write a standalone PAPA checkpoint folder, all or nothing.
 
-    The folder is assembled in a temporary sibling and moved into place only when complete, so a
-    failure leaves no partial output. An existing folder is an error unless ``overwrite``. ``results``
-    (a probe results JSONL file or rows) adds a results table to the model card.
+    The folder is assembled in a hidden staging sibling and moved into place only when complete, with a
+    rename that never replaces something this call did not create (``papa_surgery.atomic``): a failure,
+    SIGTERM or Ctrl-C leaves no partial output, and a folder that appears at ``out_dir`` meanwhile is kept
+    (the error names where the finished checkpoint went). An existing folder is an error unless
+    ``overwrite``, which replaces only an earlier checkpoint or an empty folder. ``results`` (a probe results
+    JSONL file or rows) adds a results table to the model card.
     """
+    from .atomic import staged_dir
+
     out_dir = Path(out_dir)
-    if out_dir.exists() and not overwrite:
-        raise ValueError(f"output folder {str(out_dir)!r} already exists; pass --overwrite to replace it")
+    check_output_dir(out_dir, overwrite)
     if not hasattr(model.config, "papa_constant_heads"):
         raise ValueError("save_checkpoint needs a PAPA model (from papa_surgery.convert.convert)")
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
-    try:
+    with staged_dir(out_dir, overwrite=overwrite) as tmp:
         model.save_pretrained(tmp)
         for name in HUB_CODE_FILES:
             shutil.copy2(HUB_CODE_DIR / name, tmp / name)
@@ -228,14 +229,24 @@ def save_checkpoint(
             from .card import write_card
 
             write_card(tmp, results=results, command=(recipe or {}).get("command"))
-        if out_dir.exists():
-            backup = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.old.", dir=out_dir.parent))
-            out_dir.replace(backup / out_dir.name)
-            tmp.replace(out_dir)
-            shutil.rmtree(backup, ignore_errors=True)
-        else:
-            tmp.replace(out_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return out_dir
+
+
+def check_output_dir(out_dir: str | Path, overwrite: bool = False) -> None:
+    """ValueError unless a checkpoint may be written to ``out_dir`` (checked again, atomically, at the end).
+
+    ``overwrite`` replaces an earlier PAPA checkpoint or an empty folder, never anything else (a typo such
+    as ``--out .`` must not delete a project).
+    """
+    out_dir = Path(out_dir)
+    if out_dir.is_file():
+        raise ValueError(f"--out {str(out_dir)!r} is a file; pass a folder path for the checkpoint")
+    if not out_dir.exists():
+        return
+    if not overwrite:
+        raise ValueError(f"output folder {str(out_dir)!r} already exists; pass --overwrite to replace it")
+    if any(out_dir.iterdir()) and not (out_dir / "config.json").is_file():
+        raise ValueError(
+            f"--overwrite replaces an earlier checkpoint, but {str(out_dir)!r} is a folder with other content "
+            "(no config.json); choose another --out"
+        )
