@@ -229,18 +229,10 @@ def check_source_config(config, model_name: str) -> None:
 
 def task_split(task, split: str, data_dir, max_examples=None):
     """``probe.load_split`` with the fix named when the Hub dataset cannot be reached (offline, no network)."""
-    from .probe import load_split
+    from .probe import get_task
+    from .sweep import _split
 
-    try:
-        return load_split(task, split, data_dir, max_examples)
-    except (ConnectionError, OSError) as err:
-        if data_dir is not None:
-            raise
-        name = getattr(task, "name", task)
-        raise ValueError(
-            f"task {name!r}: the Hub dataset could not be reached ({str(err).splitlines()[0]}); pass --data-dir "
-            "with local files (e.g. --data-dir ../shared/data)"
-        ) from None
+    return _split(get_task(task), split, data_dir, max_examples)
 
 
 def preflight_ranking(rank: RankOptions) -> None:
@@ -398,7 +390,6 @@ def run_rank(
     """``papa-surgery rank``: write a ranking JSON (an existing one only with ``overwrite``)."""
     from .constants import Constants
     from .loading import load_config
-
     from .ranking import check_rank_inputs
 
     if rank.ranking:
