@@ -313,7 +313,10 @@ def inspect_(directory):
     """What a PAPA checkpoint holds: heads, kind, ranking, corpus, sizes."""
     from .inspect_checkpoint import describe, format_description
 
-    click.echo(format_description(describe(directory)))
+    d = describe(directory)
+    click.echo(format_description(d))
+    if d["problems"]:  # validated the way loading will: a folder that would not load is a failed inspection
+        raise ValueError(f"{directory} would not load: {'; '.join(d['problems'])}")
 
 
 @main.command()
@@ -351,7 +354,13 @@ def analyze(ctx, model, analysis, corpus, max_length, max_examples, batch_size, 
     from .loading import load_config
     from .pipeline import check_max_length, load_model, resolve_model
 
-    check_max_length(load_config(resolve_model(model)), max_length, model)
+    config = load_config(resolve_model(model))
+    if getattr(config, "papa_constant_heads", None) is not None and config.papa_constant_heads:
+        raise ValueError(
+            f"{model} is a PAPA checkpoint: its constant heads have no input-dependent attention to analyse; "
+            f"analyze its source model ({getattr(config, 'papa_source_model', None) or 'see papa_recipe.json'})"
+        )
+    check_max_length(config, max_length, model)
     src = load_corpus(corpus, max_examples=max_examples) if corpus else default_corpus(max_examples=max_examples)
     # The analyses read attention probabilities: load eager (a PAPA checkpoint too), whatever the config says.
     model_obj, tokenizer = load_model(model, RunOptions(device=device, batch_size=batch_size), attn="eager")

@@ -25,6 +25,8 @@ def validate_checkpoint(checkpoint_dir) -> dict:
     """``describe`` of a folder that is complete enough to publish; ValueError naming what is missing."""
     folder = Path(checkpoint_dir)
     d = describe(folder)  # ValueError when this is not a PAPA checkpoint at all
+    if d["problems"]:
+        raise ValueError(f"{folder} would not load: {'; '.join(d['problems'])}; convert it again")
     wanted = list(dict.fromkeys([*REQUIRED_FILES, *CODE_FILES]))
     missing = [name for name in wanted if not (folder / name).is_file()]
     if missing:
