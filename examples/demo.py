@@ -11,6 +11,7 @@ Run: python examples/demo.py [--out runs/minilm-papa-0.5] [--fraction 0.5] [--ma
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import os
 import subprocess
@@ -31,10 +32,33 @@ SENTENCES = [
     "How much does attention actually attend?",
 ] * 4
 
-# Runs in a fresh interpreter: only torch + transformers, papa_surgery made unimportable.
-COMPARE = textwrap.dedent(
+
+def time_interleaved(fns: dict, repeats: int = 7, warmup: int = 2, clock=None) -> dict:
+    """Median seconds per call of each function, measured side by side as ``benchmarks/`` do.
+
+    Every function is warmed up first (``warmup`` calls each: lazy initialisation, allocator, caches), then
+    the timed calls alternate between the functions, so drift in machine load hits all of them alike.
     """
-    import json, sys, time
+    import statistics
+    import time
+
+    clock = clock or time.perf_counter
+    for _ in range(warmup):
+        for fn in fns.values():
+            fn()
+    times = {name: [] for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            start = clock()
+            fn()
+            times[name].append(clock() - start)
+    return {name: statistics.median(values) for name, values in times.items()}
+
+
+# Runs in a fresh interpreter: only torch + transformers, papa_surgery made unimportable.
+COMPARE = inspect.getsource(time_interleaved) + textwrap.dedent(
+    """
+    import json, sys
     sys.modules["papa_surgery"] = None
     import torch
     from transformers import AutoModel, AutoTokenizer
@@ -49,18 +73,11 @@ COMPARE = textwrap.dedent(
         mask = enc["attention_mask"].unsqueeze(-1).float()
         return torch.nn.functional.normalize((out * mask).sum(1) / mask.sum(1), dim=-1)
 
-    def timed(model, repeats=5):
-        best = float("inf")
-        for _ in range(repeats):
-            t = time.perf_counter(); embed(model); best = min(best, time.perf_counter() - t)
-        return best
-
     with torch.inference_mode():
         cos = (embed(source) * embed(papa)).sum(-1)
-        timed(source, 1), timed(papa, 1)
-        t_src, t_papa = timed(source), timed(papa)
+        seconds = time_interleaved({"source": lambda: embed(source), "papa": lambda: embed(papa)})
     print(json.dumps({"class": type(papa).__name__, "cosine_mean": cos.mean().item(), "cosine_min": cos.min().item(),
-                      "seconds_source": t_src, "seconds_papa": t_papa}))
+                      "seconds_source": seconds["source"], "seconds_papa": seconds["papa"]}))
     """
 )
 
@@ -108,7 +125,8 @@ def main() -> None:
     print(f"weights: {src_size / 2**20:.1f} MiB -> {papa_size / 2**20:.1f} MiB ({papa_size / src_size:.3f}x)")
     print(
         f"forward on {len(SENTENCES)} sentences: {stats['seconds_source'] * 1000:.1f} ms -> "
-        f"{stats['seconds_papa'] * 1000:.1f} ms ({stats['seconds_source'] / stats['seconds_papa']:.2f}x faster)"
+        f"{stats['seconds_papa'] * 1000:.1f} ms ({stats['seconds_source'] / stats['seconds_papa']:.2f}x faster; "
+        "medians of interleaved runs after warm-up)"
     )
 
 

@@ -21,7 +21,7 @@ from tqdm.auto import tqdm
 from . import __version__
 from .accumulate import SlotAccumulator, SlotLayout
 from .architectures import get_family, num_heads_layers
-from .constants import Constants
+from .constants import Constants, model_fingerprint
 from .corpus import Corpus, load_corpus
 from .encoding import encode, model_inputs
 from .hub_code.modeling_papa import attention_modules
@@ -135,6 +135,7 @@ def calibrate(
     metadata = {
         "source_model": source,
         "model_type": model.config.model_type,
+        "fingerprint": model_fingerprint(model),
         "corpus": corpus.description,
         "examples": acc.examples,
         "batch_size": batch_size,

@@ -17,6 +17,7 @@ from . import __version__
 from .options import (
     CalibrationOptions,
     ConvertOptions,
+    OptionError,
     PushOptions,
     RankOptions,
     RunOptions,
@@ -29,9 +30,19 @@ class PapaGroup(click.Group):
     """Turns library errors into one clear line and exit code 1."""
 
     def invoke(self, ctx):
+        from .atomic import Terminated, signals_raise
+
         try:
-            return super().invoke(ctx)
+            with signals_raise():  # SIGTERM/SIGHUP unwind like Ctrl-C, so partial outputs are removed
+                return super().invoke(ctx)
         except (click.exceptions.Exit, click.exceptions.Abort, click.ClickException):
+            raise
+        except OptionError as err:
+            if ctx.obj and ctx.obj.get("verbose"):
+                raise
+            raise click.BadParameter(err.detail, param_hint=f"'{err.option}'") from None
+        except Terminated as stop:
+            click.echo(f"Error: {stop}; partial outputs were removed", err=True)
             raise
         except Exception as err:  # a failed run: one line, no traceback unless --verbose
             if ctx.obj and ctx.obj.get("verbose"):
@@ -41,19 +52,79 @@ class PapaGroup(click.Group):
             sys.exit(1)
 
 
+PATH_OPTIONS = ("corpus", "constants", "ranking", "results", "out", "data_dir")
+LOCAL_MODEL = "<local model>"
+
+
+def _public_path(value: str) -> str:
+    """A local path as its last component (no home folders in recipes and cards); anything else unchanged."""
+    import os
+    from pathlib import Path
+
+    text = str(value)
+    if os.path.isabs(text) or text.startswith(("~", "./", "../")) or (os.sep in text and Path(text).exists()):
+        return Path(text.rstrip("/\\")).name or text
+    return text
+
+
+def _public_model(name: str) -> str:
+    """MODEL as the command line records it: itself, its Hub id for a local copy, or ``<local model>``."""
+    from pathlib import Path
+
+    if name in ("minilm", "embedded") or not (Path(name).expanduser().exists() or name.startswith(("/", ".", "~"))):
+        return name
+    from .pipeline import source_info
+
+    return source_info(name).get("hub_id") or LOCAL_MODEL
+
+
 def _command_line(ctx) -> str:
-    """The command as a user would retype it: arguments, then every option that differs from its default."""
+    """The command as a user would retype it: arguments, then every option that differs from its default.
+
+    Local paths are not recorded: a local MODEL becomes its Hub id (or ``<local model>``), and path options
+    keep only their last component.
+    """
     parts = ["papa-surgery", ctx.info_name]
     for param in ctx.command.params:
         value = ctx.params.get(param.name)
         if isinstance(param, click.Argument):
-            parts.append(str(value))
+            parts.append(_public_model(str(value)) if param.name in ("model", "model_or_dir") else str(value))
         elif value not in (None, False, ()) and value != param.default:
             flag = max(param.opts, key=len)
             values = value if isinstance(value, tuple) else (value,)
             for v in values:
+                v = _public_path(v) if param.name in PATH_OPTIONS and isinstance(v, str) else v
                 parts.extend([flag] if v is True else [flag, str(v)])
     return " ".join(shlex.quote(p) for p in parts)
+
+
+def _given(ctx, name: str) -> bool:
+    """Whether option ``name`` was given by the user (command line or environment), not left at its default."""
+    from click.core import ParameterSource
+
+    return ctx.get_parameter_source(name) in (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT)
+
+
+def _check_constants_options(ctx, constants_file: str | None) -> None:
+    """With --constants the calibration options do nothing: refuse them rather than silently ignore them."""
+    if not constants_file:
+        return
+    from .constants import Constants
+
+    constants = Constants.load(constants_file)
+    if _given(ctx, "max_length") and ctx.params["max_length"] != constants.max_length:
+        raise click.BadParameter(
+            f"{ctx.params['max_length']} does not match the {constants.max_length} slots of the constants in "
+            f"{constants_file}; drop --max-length (the constants fix L) or calibrate again with it",
+            param_hint="'--max-length'",
+        )
+    for name in ("corpus", "pairs", "max_examples"):
+        if _given(ctx, name):
+            flag = "--" + name.replace("_", "-")
+            raise click.BadParameter(
+                f"is not used with --constants (the constants are already calibrated); drop {flag} or --constants",
+                param_hint=f"'{flag}'",
+            )
 
 
 def _progress(ctx) -> bool:
@@ -90,13 +161,19 @@ def main(ctx, quiet: bool, verbose: bool):
 @click_options(CalibrationOptions)
 @click_options(RunOptions)
 @click.option("--out", required=True, type=click.Path(dir_okay=False), help="Output constants file (.safetensors).")
+@click.option("--overwrite", is_flag=True, help="Replace an existing constants file.")
 @click.pass_context
-def calibrate(ctx, model, out, **kwargs):
+def calibrate(ctx, model, out, overwrite, **kwargs):
     """Average every head's attention over an unlabelled corpus (paper 3.1)."""
     from .pipeline import run_calibrate
 
     path = run_calibrate(
-        model, from_kwargs(CalibrationOptions, kwargs), from_kwargs(RunOptions, kwargs), out, progress=_progress(ctx)
+        model,
+        from_kwargs(CalibrationOptions, kwargs),
+        from_kwargs(RunOptions, kwargs),
+        out,
+        progress=_progress(ctx),
+        overwrite=overwrite,
     )
     click.echo(f"wrote {path}")
 
@@ -108,13 +185,15 @@ def calibrate(ctx, model, out, **kwargs):
 @click_options(CalibrationOptions)
 @click_options(RunOptions)
 @click.option("--out", required=True, type=click.Path(dir_okay=False), help="Output ranking file (.json).")
+@click.option("--overwrite", is_flag=True, help="Replace an existing ranking file.")
 @click.pass_context
-def rank(ctx, model, constants, out, **kwargs):
+def rank(ctx, model, constants, out, overwrite, **kwargs):
     """Order the heads from first to last to make constant (paper 3.2, 5.4)."""
     from .pipeline import run_rank
 
     if not kwargs.get("method"):
         raise click.UsageError("missing option '--method'")
+    _check_constants_options(ctx, constants)
     path = run_rank(
         model,
         from_kwargs(CalibrationOptions, kwargs),
@@ -123,6 +202,7 @@ def rank(ctx, model, constants, out, **kwargs):
         constants,
         out,
         progress=_progress(ctx),
+        overwrite=overwrite,
     )
     click.echo(f"wrote {path}")
 
@@ -145,6 +225,7 @@ def convert(ctx, model, do_push, **kwargs):
         raise click.BadParameter(
             f"{fraction} is not between 0 and 1 (the share of heads made constant)", param_hint="'--fraction'"
         )
+    _check_constants_options(ctx, kwargs.get("constants"))
     out = run_convert(
         model,
         from_kwargs(CalibrationOptions, kwargs),
@@ -232,7 +313,10 @@ def inspect_(directory):
     """What a PAPA checkpoint holds: heads, kind, ranking, corpus, sizes."""
     from .inspect_checkpoint import describe, format_description
 
-    click.echo(format_description(describe(directory)))
+    d = describe(directory)
+    click.echo(format_description(d))
+    if d["problems"]:  # validated the way loading will: a folder that would not load is a failed inspection
+        raise ValueError(f"{directory} would not load: {'; '.join(d['problems'])}")
 
 
 @main.command()
@@ -242,9 +326,7 @@ def push(directory, **kwargs):
     """Publish a checkpoint folder to the Hugging Face Hub in one commit."""
     from .hub import push as hub_push
 
-    opts = from_kwargs(PushOptions, kwargs)
-    if not opts.repo_id:
-        raise click.UsageError("missing option '--repo-id'")
+    opts = from_kwargs(PushOptions, kwargs)  # without --repo-id: <the token's namespace>/<folder name>
     url = hub_push(directory, opts.repo_id, private=opts.private, revision=opts.revision, create_pr=opts.create_pr)
     click.echo(f"pushed {directory} -> {url}")
 
@@ -265,26 +347,46 @@ def analyze(ctx, model, analysis, corpus, max_length, max_examples, batch_size, 
         from .analysis import analyze as run_analysis
     except ImportError:
         raise RuntimeError("`papa-surgery analyze` is not yet available in this version") from None
-    from .corpus import default_corpus, load_corpus
-    from .pipeline import load_model
-
-    model_obj, tokenizer = load_model(model, RunOptions(device=device, batch_size=batch_size))
-    src = load_corpus(corpus, max_examples=max_examples) if corpus else default_corpus(max_examples=max_examples)
-    run_analysis(
-        model_obj,
-        tokenizer,
-        src,
-        analysis,
-        out,
-        max_length=max_length,
-        batch_size=batch_size,
-        progress=_progress(ctx),
-        source_name=model,
-    )
     from pathlib import Path
 
-    for path in sorted(Path(out).iterdir()):
+    from .atomic import staged_dir
+    from .corpus import default_corpus, load_corpus
+    from .loading import load_config
+    from .pipeline import check_max_length, load_model, resolve_model
+
+    config = load_config(resolve_model(model))
+    if getattr(config, "papa_constant_heads", None) is not None and config.papa_constant_heads:
+        raise ValueError(
+            f"{model} is a PAPA checkpoint: its constant heads have no input-dependent attention to analyse; "
+            f"analyze its source model ({getattr(config, 'papa_source_model', None) or 'see papa_recipe.json'})"
+        )
+    check_max_length(config, max_length, model)
+    src = load_corpus(corpus, max_examples=max_examples) if corpus else default_corpus(max_examples=max_examples)
+    # The analyses read attention probabilities: load eager (a PAPA checkpoint too), whatever the config says.
+    model_obj, tokenizer = load_model(model, RunOptions(device=device, batch_size=batch_size), attn="eager")
+    target = Path(out)
+    # A new folder appears only when the analysis is complete; an existing one is written into, as before.
+    stage = staged_dir(target) if not target.exists() else _existing(target)
+    with stage as folder:
+        run_analysis(
+            model_obj,
+            tokenizer,
+            src,
+            analysis,
+            folder,
+            max_length=max_length,
+            batch_size=batch_size,
+            progress=_progress(ctx),
+            source_name=model,
+        )
+    for path in sorted(target.iterdir()):
         click.echo(f"wrote {path}")
+
+
+def _existing(folder):
+    import contextlib
+
+    return contextlib.nullcontext(folder)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -9,7 +9,6 @@ renormalises each row per example, like the paper's footnote 14.
 from __future__ import annotations
 
 import json
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -71,6 +70,21 @@ class Constants:
             raise ValueError("constants contain NaN or inf values; recalibrate or check the file")
         if (self.values < 0).any():
             raise ValueError("constants must be non-negative (they are attention weights)")
+        layers_heads = tuple(self.values.shape[:2])
+        if self.variance is not None:
+            if tuple(self.variance.shape) != layers_heads:
+                raise ValueError(f"variance must have shape {layers_heads}, got {tuple(self.variance.shape)}")
+            if not torch.isfinite(self.variance).all():
+                raise ValueError(
+                    "the variance scores contain NaN or inf values (they would rank heads by NaN); recalibrate"
+                )
+        if self.counts is not None:
+            if tuple(self.counts.shape) != (self.max_length, self.max_length):
+                raise ValueError(
+                    f"counts must have shape ({self.max_length}, {self.max_length}), got {tuple(self.counts.shape)}"
+                )
+            if not torch.isfinite(self.counts).all() or (self.counts < 0).any():
+                raise ValueError("the coverage counts contain negative, NaN or inf values; recalibrate")
 
     @property
     def num_layers(self) -> int:
@@ -98,8 +112,13 @@ class Constants:
         values = mat.expand(num_layers, num_heads, max_length, max_length).clone()
         return cls(values, kind, max_length, metadata={"papa_surgery_version": __version__, **metadata})
 
-    def check_compatible(self, config, source: str | None = None) -> None:
-        """ValueError unless these constants fit a model with ``config`` (layers and heads; source id)."""
+    def check_compatible(self, config, source: str | None = None, model=None) -> None:
+        """ValueError unless these constants fit a model with ``config``.
+
+        Compared by identity, not by name: the fingerprint recorded at calibration (the config fields that
+        matter and, given ``model``, a hash of its attention weights) must match. Constants without a
+        fingerprint (older files, data-free kinds) fall back to the layer/head shape and the source's name.
+        """
         from .architectures import num_heads_layers
 
         heads, layers = num_heads_layers(config)
@@ -109,14 +128,41 @@ class Constants:
                 f"{layers} x {heads}; calibrate constants for this model"
             )
         made_for = self.metadata.get("source_model")
+        recorded = self.metadata.get("fingerprint")
+        if isinstance(recorded, dict) and recorded:
+            fix = "calibrate constants for this model (papa-surgery calibrate MODEL ...)"
+            mine = config_fingerprint(config)
+            for key, value in mine.items():
+                if recorded.get(key) is not None and value is not None and recorded[key] != value:
+                    raise ValueError(
+                        f"constants were calibrated on {made_for!r} with {key}={recorded[key]!r}, but this model "
+                        f"({source or config.model_type}) has {key}={value!r}; {fix}"
+                    )
+            if model is not None and recorded.get("attention_sha256"):
+                ours = model_fingerprint(model)
+                dtypes = {recorded.get("dtype"), ours["dtype"]}
+                if (len(dtypes) == 1 or "float16" not in dtypes) and ours["attention_sha256"] != recorded[
+                    "attention_sha256"
+                ]:
+                    raise ValueError(
+                        f"constants were calibrated on {made_for!r}, a model with other attention weights than "
+                        f"{source or 'this model'} (same architecture, different checkpoint); {fix}"
+                    )
+            return
         if source and made_for and _model_name(made_for) != _model_name(source):
             raise ValueError(
                 f"constants were calibrated on {made_for!r}, not {source!r}; calibrate for this model or pass "
                 f"the matching source"
             )
 
-    def save(self, path: str | Path) -> Path:
-        """Write a safetensors file (atomically) with the provenance in its metadata."""
+    def save(self, path: str | Path, overwrite: bool = True) -> Path:
+        """Write a safetensors file (atomically) with the provenance in its metadata.
+
+        ``overwrite=False`` refuses an existing file, also one that appears while saving
+        (``papa_surgery.atomic``).
+        """
+        from .atomic import staged_file
+
         path = Path(path)
         tensors = {"values": self.values.float().contiguous()}
         if self.counts is not None:
@@ -130,20 +176,20 @@ class Constants:
             "pairs": json.dumps(self.pairs),
             "provenance": json.dumps(self.metadata, sort_keys=True, default=str),
         }
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=path.parent, suffix=".tmp", delete=False) as tmp:
-            tmp_path = Path(tmp.name)
-        try:
+        with staged_file(path, overwrite=overwrite) as tmp_path:
             save_file(tensors, str(tmp_path), metadata=meta)
-            tmp_path.replace(path)
-        finally:
-            tmp_path.unlink(missing_ok=True)
         return path
 
     @classmethod
     def load(cls, path: str | Path) -> Constants:
-        """Read a file written by :meth:`save`; ValueError on a file that is not PAPA constants."""
+        """Read a file written by :meth:`save`; ValueError naming the file and the fix for anything else."""
         path = Path(path)
+        hint = "write one with papa-surgery calibrate"
+        if path.is_dir():
+            raise ValueError(
+                f"--constants {str(path)!r} is a folder; pass the .safetensors file papa-surgery calibrate wrote"
+                " (a checkpoint's constants are inside its model; convert its source instead)"
+            )
         if not path.is_file():
             raise ValueError(f"constants file {str(path)!r} does not exist")
         try:
@@ -151,18 +197,32 @@ class Constants:
                 meta = f.metadata() or {}
                 tensors = {k: f.get_tensor(k) for k in f.keys()}
         except Exception as err:
-            raise ValueError(f"{str(path)!r} is not a safetensors constants file: {err}") from err
+            raise ValueError(f"{str(path)!r} is not a safetensors constants file ({hint}): {err}") from err
         if meta.get("format") != "papa-constants" or "values" not in tensors:
-            raise ValueError(f"{str(path)!r} is not a PAPA constants file (write one with papa-surgery calibrate)")
-        return cls(
-            values=tensors["values"].float(),
-            kind=meta["kind"],
-            max_length=int(meta["max_length"]),
-            pairs=json.loads(meta.get("pairs", "false")),
-            counts=tensors.get("counts"),
-            variance=tensors.get("variance"),
-            metadata=json.loads(meta.get("provenance", "{}")),
-        )
+            raise ValueError(f"{str(path)!r} is not a PAPA constants file ({hint})")
+        try:
+            kind = meta["kind"]
+            max_length = int(meta["max_length"])
+            pairs = json.loads(meta.get("pairs", "false"))
+            metadata = json.loads(meta.get("provenance", "{}"))
+            if not isinstance(pairs, bool) or not isinstance(metadata, dict) or not kind:
+                raise TypeError("pairs must be true/false and provenance a JSON object")
+        except KeyError as err:
+            raise ValueError(f"{str(path)!r}: its metadata lacks {err.args[0]!r} ({hint})") from None
+        except (TypeError, ValueError) as err:
+            raise ValueError(f"{str(path)!r}: its metadata is damaged ({err}); {hint}") from None
+        try:
+            return cls(
+                values=tensors["values"].float(),
+                kind=kind,
+                max_length=max_length,
+                pairs=pairs,
+                counts=tensors.get("counts"),
+                variance=tensors.get("variance"),
+                metadata=metadata,
+            )
+        except ValueError as err:
+            raise ValueError(f"{str(path)!r}: {err}") from None
 
     def summary(self) -> dict:
         """JSON-ready facts for recipes and cards."""
@@ -182,3 +242,39 @@ class Constants:
 def _model_name(name: str) -> str:
     """Compare sources by their last path component, so a local copy of a Hub model still matches."""
     return str(name).rstrip("/").split("/")[-1] if name else name
+
+
+def config_fingerprint(config) -> dict:
+    """The config fields that make constants fit a model: family, sizes, vocabulary and position limits."""
+    from .architectures import num_heads_layers
+
+    heads, layers = num_heads_layers(config)
+    model_type = str(getattr(config, "model_type", "")).removeprefix("papa_")
+    return {
+        "model_type": model_type,
+        "num_layers": layers,
+        "num_heads": heads,
+        "hidden_size": getattr(config, "hidden_size", None) or getattr(config, "dim", None),
+        "vocab_size": getattr(config, "vocab_size", None),
+        "max_position_embeddings": getattr(config, "max_position_embeddings", None),
+    }
+
+
+def model_fingerprint(model) -> dict:
+    """``config_fingerprint`` plus a SHA-256 of every attention module's weights (rounded to bfloat16, so a
+    model loaded in bf16 matches its fp32 original), recorded in calibrated constants' metadata."""
+    import hashlib
+
+    from .hub_code.modeling_papa import attention_modules
+
+    digest = hashlib.sha256()
+    dtype = None
+    for layer, module in enumerate(attention_modules(model)):
+        for name, param in sorted(module.named_parameters()):
+            if name.startswith("papa_") or ".papa_" in name:
+                continue
+            dtype = dtype or str(param.dtype).replace("torch.", "")
+            data = param.detach().to("cpu", torch.bfloat16).contiguous().view(torch.int16)
+            digest.update(f"{layer}.{name}{tuple(param.shape)}".encode())
+            digest.update(data.numpy().tobytes())
+    return {**config_fingerprint(model.config), "attention_sha256": digest.hexdigest(), "dtype": dtype}

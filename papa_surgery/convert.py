@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
-import shutil
 import sys
-import tempfile
 from pathlib import Path
 
 import torch
@@ -22,16 +20,6 @@ from .hub_code.configuration_papa import PAPA_FIELDS, PAPA_FORMAT_VERSION, papa_
 from .hub_code.modeling_papa import attention_modules, heads_by_layer, papa_model_class
 from .loading import public_name, resolve_dtype
 from .st_files import copy_sentence_transformers_files
-
-HUB_CODE_FILES = (
-    "configuration_papa.py",
-    "modeling_papa.py",
-    "papa_attention.py",
-    "overrides.py",
-    "slots.py",
-    "families.py",
-)
-HUB_CODE_DIR = Path(__file__).parent / "hub_code"
 
 
 def normalize_heads(heads, num_layers: int, num_heads: int) -> list[list[int]]:
@@ -159,7 +147,7 @@ def convert(
         raise ValueError("this model is already a PAPA model; convert its source model instead")
     num_heads, num_layers = num_heads_layers(model.config)
     source = source_name or getattr(model.config, "_name_or_path", None) or None
-    constants.check_compatible(model.config, source)
+    constants.check_compatible(model.config, source, model=model)
     heads = normalize_heads(heads, num_layers, num_heads)
     store = resolve_dtype(dtype)
     sep = (
@@ -289,18 +277,20 @@ def save_checkpoint(
 ) -> Path:
     """Write a standalone PAPA checkpoint folder, all or nothing.
 
-    The folder is assembled in a temporary sibling and moved into place only when complete, so a
-    failure leaves no partial output. An existing folder is an error unless ``overwrite``. ``results``
-    (a probe results JSONL file or rows) adds a results table to the model card.
+    The folder is assembled in a hidden staging sibling and moved into place only when complete, with a
+    rename that never replaces something this call did not create (``papa_surgery.atomic``): a failure,
+    SIGTERM or Ctrl-C leaves no partial output, and a folder that appears at ``out_dir`` meanwhile is kept
+    (the error names where the finished checkpoint went). An existing folder is an error unless
+    ``overwrite``, which replaces only an earlier checkpoint or an empty folder. ``results`` (a probe results
+    JSONL file or rows) adds a results table to the model card.
     """
+    from .atomic import staged_dir
+
     out_dir = Path(out_dir)
-    if out_dir.exists() and not overwrite:
-        raise ValueError(f"output folder {str(out_dir)!r} already exists; pass --overwrite to replace it")
+    check_output_dir(out_dir, overwrite)
     if not hasattr(model.config, "papa_constant_heads"):
         raise ValueError("save_checkpoint needs a PAPA model (from papa_surgery.convert.convert)")
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
-    try:
+    with staged_dir(out_dir, overwrite=overwrite) as tmp:
         model.save_pretrained(tmp)  # the PAPA classes are registered for auto classes: code files ride along
         if tokenizer is not None:
             save_tokenizer(tokenizer, tmp, int(model.config.papa_max_length))
@@ -310,14 +300,24 @@ def save_checkpoint(
             from .card import write_card
 
             write_card(tmp, results=results, command=(recipe or {}).get("command"))
-        if out_dir.exists():
-            backup = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.old.", dir=out_dir.parent))
-            out_dir.replace(backup / out_dir.name)
-            tmp.replace(out_dir)
-            shutil.rmtree(backup, ignore_errors=True)
-        else:
-            tmp.replace(out_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return out_dir
+
+
+def check_output_dir(out_dir: str | Path, overwrite: bool = False) -> None:
+    """ValueError unless a checkpoint may be written to ``out_dir`` (checked again, atomically, at the end).
+
+    ``overwrite`` replaces an earlier PAPA checkpoint or an empty folder, never anything else (a typo such
+    as ``--out .`` must not delete a project).
+    """
+    out_dir = Path(out_dir)
+    if out_dir.is_file():
+        raise ValueError(f"--out {str(out_dir)!r} is a file; pass a folder path for the checkpoint")
+    if not out_dir.exists():
+        return
+    if not overwrite:
+        raise ValueError(f"output folder {str(out_dir)!r} already exists; pass --overwrite to replace it")
+    if any(out_dir.iterdir()) and not (out_dir / "config.json").is_file():
+        raise ValueError(
+            f"--overwrite replaces an earlier checkpoint, but {str(out_dir)!r} is a folder with other content "
+            "(no config.json); choose another --out"
+        )

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import logging
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from importlib import resources
@@ -19,6 +20,7 @@ PAIR_COLUMNS = (("sentence1", "sentence2"), ("premise", "hypothesis"), ("questio
 DATA_FILE_TYPES = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet", ".arrow": "arrow"}
 DEFAULT_CORPUS_FILE = "wikitext2_valid_excerpt.txt"
 DEFAULT_HUB_CORPUS = "Salesforce/wikitext:wikitext-103-raw-v1:train:text"
+logger = logging.getLogger("papa_surgery")
 
 
 @dataclass
@@ -38,9 +40,12 @@ class Corpus:
         return examples
 
     def __len__(self) -> int:
-        if self.length is None:
+        length = self.length
+        if length is None and isinstance(self.source, Path):
+            length = self.length = _count_examples(self.source, self.pairs)  # one quick pass: a bar with an ETA
+        if length is None:
             raise TypeError("this corpus is a stream of unknown length")
-        return self.length if self.max_examples is None else min(self.length, self.max_examples)
+        return length if self.max_examples is None else min(length, self.max_examples)
 
 
 def _clean(example, pairs: bool):
@@ -56,18 +61,50 @@ def _clean(example, pairs: bool):
     return text or None
 
 
+def _lines(path: Path) -> Iterator[tuple[int, str]]:
+    """(line number, text) of a UTF-8 text file; ValueError naming the file and line of invalid bytes."""
+    with path.open("rb") as f:
+        for number, raw in enumerate(f, start=1):
+            try:
+                yield number, raw.decode("utf-8").rstrip("\r\n")
+            except UnicodeDecodeError as err:
+                raise ValueError(
+                    f"corpus {path}: line {number} is not valid UTF-8 (byte {err.start + 1}); re-encode the file "
+                    f"as UTF-8 (e.g. iconv -t utf-8) or remove the line"
+                ) from None
+
+
+def _count_examples(path: Path, pairs: bool) -> int:
+    return sum(1 for _, line in _lines(path) if _clean(line, pairs) is not None)
+
+
 def _iterate(source, pairs: bool) -> Iterator:
-    if isinstance(source, Path):
-        with source.open(encoding="utf-8") as f:
-            for line in f:
-                ex = _clean(line.rstrip("\n"), pairs)
+    skipped: list = []  # pairs with no TAB, several TABs or an empty side: counted and reported, never silent
+    try:
+        if isinstance(source, Path):
+            for number, line in _lines(source):
+                ex = _clean(line, pairs)
                 if ex is not None:
                     yield ex
-        return
-    for raw in source:
-        ex = _clean(raw, pairs)
-        if ex is not None:
-            yield ex
+                elif pairs and line.strip():
+                    skipped.append(number)
+            return
+        for number, raw in enumerate(source, start=1):
+            ex = _clean(raw, pairs)
+            if ex is not None:
+                yield ex
+            elif pairs:
+                skipped.append(number)
+    finally:
+        if skipped:
+            where = f"{source.name} lines" if isinstance(source, Path) else "examples"
+            shown = ", ".join(map(str, skipped[:5])) + (", ..." if len(skipped) > 5 else "")
+            logger.warning(
+                "corpus: skipped %d sentence pair(s) with an empty side or not exactly one TAB (%s %s)",
+                len(skipped),
+                where,
+                shown,
+            )
 
 
 def _columns(column_names: Iterable[str], pairs: bool, columns: Iterable[str] | None) -> tuple[str, ...]:
@@ -128,12 +165,24 @@ def load_corpus(src, pairs: bool = False, max_examples: int | None = None, colum
         corpus = _from_path_or_spec(str(src), pairs, max_examples, columns)
     else:
         raise ValueError(f"cannot read a corpus from {type(src).__name__}: pass a file, folder, Hub spec or list")
-    if next(iter(corpus), None) is None:
+    if _first(corpus) is None:
         raise ValueError(
             f"the corpus {corpus.description} has no usable examples"
             + (" (with --pairs every line needs exactly one TAB)" if pairs else "")
         )
     return corpus
+
+
+def _first(corpus: Corpus):
+    """The first example (or None), without the skipped-pairs warning of a partial read."""
+    logger.disabled, was = True, logger.disabled
+    try:
+        examples = iter(corpus)
+        first = next(examples, None)
+        del examples  # finalise the generator now, while the logger is off
+        return first
+    finally:
+        logger.disabled = was
 
 
 def _from_path_or_spec(src: str, pairs: bool, max_examples, columns) -> Corpus:

@@ -82,7 +82,8 @@ def encode(
     budget_a = half - before
     budget_b = max_length - half - middle - after
     if budget_a < 1 or budget_b < 1:
-        need = 2 * (before + middle + after + 1)
+        # the smallest L with L // 2 >= before + 1 and L - L // 2 >= middle + after + 1
+        need = max(2 * (before + 1), 2 * (middle + after + 1) - 1)
         raise ValueError(f"max_length={max_length} leaves no room for a sentence pair; use at least {need}")
     firsts = [_cut(tokenizer, a, budget_a) for a, _ in examples]
     seconds = [_cut(tokenizer, b, budget_b) for _, b in examples]

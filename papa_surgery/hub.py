@@ -15,7 +15,8 @@ import tempfile
 from pathlib import Path
 
 from .card import REPO_PLACEHOLDER
-from .inspect_checkpoint import CODE_FILES, REQUIRED_FILES, describe
+from .hub_code import HUB_CODE_FILES
+from .inspect_checkpoint import REQUIRED_FILES, describe
 
 LOGIN_HINT = "run `huggingface-cli login` (or `hf auth login`), or set HF_TOKEN, or pass token="
 IGNORE_PATTERNS = ["__pycache__/*", "**/__pycache__/*", "*.pyc", ".ipynb_checkpoints/*", ".DS_Store"]
@@ -25,7 +26,9 @@ def validate_checkpoint(checkpoint_dir) -> dict:
     """``describe`` of a folder that is complete enough to publish; ValueError naming what is missing."""
     folder = Path(checkpoint_dir)
     d = describe(folder)  # ValueError when this is not a PAPA checkpoint at all
-    wanted = list(dict.fromkeys([*REQUIRED_FILES, *CODE_FILES]))
+    if d["problems"]:
+        raise ValueError(f"{folder} would not load: {'; '.join(d['problems'])}; convert it again")
+    wanted = list(dict.fromkeys([*REQUIRED_FILES, *HUB_CODE_FILES]))
     missing = [name for name in wanted if not (folder / name).is_file()]
     if missing:
         fix = " (write the model card with papa_surgery.card.write_card)" if missing == ["README.md"] else ""
@@ -45,6 +48,68 @@ def resolve_token(token: str | None = None) -> str:
     if not found:
         raise RuntimeError(f"no Hugging Face token found to push with: {LOGIN_HINT}")
     return found
+
+
+def check_repo_id(repo_id: str, option: str = "--repo-id") -> str:
+    """The repo id if its syntax is valid (``namespace/name``); :class:`OptionError` (a usage error) otherwise."""
+    from huggingface_hub.utils import validate_repo_id
+
+    from .options import OptionError
+
+    try:
+        validate_repo_id(repo_id)
+    except Exception as err:
+        raise OptionError(option, f"{repo_id!r} is not a valid Hub repo id: {err}") from None
+    if "/" not in repo_id:
+        raise OptionError(option, f"repo id {repo_id!r} needs a namespace: pass 'your-name/{repo_id}'")
+    return repo_id
+
+
+def resolve_push_target(
+    repo_id: str | None,
+    folder_name: str,
+    *,
+    token: str | None = None,
+    endpoint: str | None = None,
+) -> str:
+    """The repo id a push will use, checked before any work: syntax, token, Hub reachability and namespace.
+
+    Without ``repo_id`` the id is ``<the token's namespace>/<folder_name>``, as ``push_to_hub`` does.
+
+    Raises:
+        OptionError: an invalid repo id (a usage error).
+        RuntimeError: no token, offline mode, a rejected token, an unreachable Hub, or a namespace the
+            token cannot write to.
+    """
+    from huggingface_hub import HfApi, constants
+
+    if repo_id:
+        check_repo_id(repo_id)
+    token = resolve_token(token)
+    if constants.is_offline_mode():
+        raise RuntimeError("HF_HUB_OFFLINE is set: unset it (or set HF_HUB_OFFLINE=0) to push to the Hub")
+    try:
+        who = HfApi(endpoint=endpoint, token=token).whoami()
+    except Exception as err:
+        status = getattr(getattr(err, "response", None), "status_code", None)
+        if status == 401:
+            raise RuntimeError(f"the Hub rejected the token (401): {LOGIN_HINT}") from None
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise RuntimeError(
+            f"could not reach the Hugging Face Hub to check the push target ({first}); connect, or drop --push "
+            "and run `papa-surgery push DIR` later"
+        ) from None
+    user = who.get("name")
+    namespaces = {user, *(org.get("name") for org in who.get("orgs") or [])}
+    if not repo_id:
+        repo_id = check_repo_id(f"{user}/{folder_name}", option="--out")
+    namespace = repo_id.split("/")[0]
+    if namespace not in namespaces:
+        raise RuntimeError(
+            f"the token belongs to {user!r}, who cannot create repos in {namespace!r} (namespaces: "
+            f"{', '.join(sorted(n for n in namespaces if n))}); choose a --repo-id in one of them"
+        )
+    return repo_id
 
 
 def _stage(folder: Path, staging: Path, repo_id: str) -> None:
@@ -92,7 +157,7 @@ def _explain(err: Exception, repo_id: str, folder: Path, step: str) -> Exception
 
 def push(
     checkpoint_dir,
-    repo_id: str,
+    repo_id: str | None = None,
     *,
     private: bool = False,
     token: str | None = None,
@@ -106,7 +171,8 @@ def push(
     Args:
         checkpoint_dir: a complete PAPA checkpoint folder (config.json with papa_* fields, model.safetensors,
             the hub code files, papa_recipe.json, README.md).
-        repo_id: ``namespace/name`` of the model repo (created when missing, reused when it is yours).
+        repo_id: ``namespace/name`` of the model repo (created when missing, reused when it is yours); default
+            ``<the token's namespace>/<folder name>``.
         private: create the repo private (an existing repo keeps its visibility).
         token: Hub token; defaults to ``HF_TOKEN`` or the saved login.
         endpoint: Hub endpoint (defaults to ``HF_ENDPOINT`` / huggingface.co).
@@ -123,21 +189,18 @@ def push(
         RuntimeError: no token, offline mode, no write access / name clash, or a failed upload.
     """
     from huggingface_hub import HfApi, constants
-    from huggingface_hub.utils import validate_repo_id
 
     folder = Path(checkpoint_dir)
     d = validate_checkpoint(folder)
-    try:
-        validate_repo_id(repo_id)
-    except Exception as err:
-        raise ValueError(f"invalid repo id {repo_id!r}: {err}") from err
-    if "/" not in repo_id:
-        raise ValueError(f"repo id {repo_id!r} needs a namespace: pass 'your-name/{repo_id}'")
+    if repo_id:
+        check_repo_id(repo_id)
     if create_pr and revision not in (None, constants.DEFAULT_REVISION):
         raise ValueError("create_pr opens a pull request against main; do not pass a revision with it")
     token = resolve_token(token)
     if constants.is_offline_mode():
         raise RuntimeError("HF_HUB_OFFLINE is set: unset it (or set HF_HUB_OFFLINE=0) to push to the Hub")
+    if not repo_id:
+        repo_id = resolve_push_target(None, folder.resolve().name, token=token, endpoint=endpoint)
 
     api = HfApi(endpoint=endpoint, token=token)
     try:

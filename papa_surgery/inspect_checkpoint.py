@@ -10,6 +10,7 @@ import json
 import re
 from pathlib import Path
 
+from .hub_code import HUB_CODE_FILES
 from .hub_code.families import family_for
 
 REQUIRED_FILES = (
@@ -20,7 +21,6 @@ REQUIRED_FILES = (
     "papa_recipe.json",
     "README.md",
 )
-CODE_FILES = ("configuration_papa.py", "modeling_papa.py", "papa_attention.py", "slots.py", "families.py")
 CONSTANTS_SUFFIX = "papa_constants"
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
@@ -131,7 +131,7 @@ def describe(folder) -> dict:
     family = family_for(config["model_type"])
     num_layers = int(config.get(family.layers_attr) or 0)
     num_heads = int(config.get(family.heads_attr) or 0)
-    heads = sorted([int(layer), int(head)] for layer, head in config.get("papa_constant_heads") or [])
+    heads = _heads(config.get("papa_constant_heads"))
     grid = [[False] * num_heads for _ in range(num_layers)]
     for layer, head in heads:
         if layer < num_layers and head < num_heads:
@@ -186,7 +186,82 @@ def describe(folder) -> dict:
         "total_size": sum(files.values()),
         "missing_files": [name for name in REQUIRED_FILES if name not in files],
         "constants": constants_header(folder),
+        "problems": checkpoint_problems(folder, config, num_layers, num_heads),
     }
+
+
+def _heads(value) -> list[list[int]]:
+    """The well-formed ``[layer, head]`` entries of ``papa_constant_heads``, sorted (problems are reported apart)."""
+    out = []
+    for item in value if isinstance(value, list) else []:
+        if (
+            isinstance(item, list)
+            and len(item) == 2
+            and all(isinstance(v, int) and not isinstance(v, bool) for v in item)
+        ):
+            out.append([int(item[0]), int(item[1])])
+    return sorted(out)
+
+
+_LAYER = re.compile(r"\.layers?\.(\d+)\.")
+
+
+def checkpoint_problems(folder: Path, config: dict, num_layers: int, num_heads: int) -> list[str]:
+    """What would stop ``AutoModel.from_pretrained(folder, trust_remote_code=True)`` (empty when it loads).
+
+    Checks what loading relies on: the head list (a list of in-range, distinct ``[layer, head]`` pairs),
+    ``papa_max_length``, one ``(constant heads, L, L)`` constants tensor per layer with constant heads, and
+    every code file the model imports.
+    """
+    folder = Path(folder)
+    problems = []
+    raw = config.get("papa_constant_heads")
+    if not isinstance(raw, list):
+        problems.append(f"papa_constant_heads is {json.dumps(raw)}, not a list of [layer, head] pairs")
+        raw = []
+    heads = _heads(raw)
+    if len(heads) != len(raw):
+        problems.append("papa_constant_heads has entries that are not [layer, head] integer pairs")
+    bad = [h for h in heads if not (0 <= h[0] < num_layers and 0 <= h[1] < num_heads)]
+    if bad:
+        problems.append(f"constant head(s) {bad[:3]} out of range for {num_layers} layers x {num_heads} heads")
+    if len({tuple(h) for h in heads}) != len(heads):
+        problems.append("papa_constant_heads lists a head more than once")
+    length = config.get("papa_max_length")
+    if not isinstance(length, int) or isinstance(length, bool) or length < 1:
+        problems.append(f"papa_max_length is {json.dumps(length)}, not a positive integer")
+        length = None
+    missing_code = [name for name in HUB_CODE_FILES if not (folder / name).is_file()]
+    if missing_code:
+        problems.append(f"missing model code {', '.join(missing_code)} (copy it from papa_surgery/hub_code)")
+    if not (folder / "model.safetensors").is_file():
+        problems.append("missing model.safetensors")
+        return problems
+    try:
+        tensors = constants_header(folder)
+    except Exception as err:  # a damaged header
+        return [*problems, f"model.safetensors cannot be read: {err}"]
+    per_layer: dict[int, int] = {}
+    for layer, _ in heads:
+        per_layer[layer] = per_layer.get(layer, 0) + 1
+    found = {}
+    for name, shape in tensors.items():
+        match = _LAYER.search("." + name)
+        found[int(match.group(1)) if match else -1] = (name, shape)
+    for layer, count in sorted(per_layer.items()):
+        if layer not in found:
+            problems.append(f"layer {layer} has {count} constant head(s) but model.safetensors has no constants for it")
+            continue
+        name, shape = found[layer]
+        if length is not None and list(shape) != [count, length, length]:
+            problems.append(
+                f"{name} has shape {shape}, but the config needs [{count}, {length}, {length}] "
+                f"({count} constant head(s), papa_max_length={length})"
+            )
+    extra = sorted(set(found) - set(per_layer))
+    if extra:
+        problems.append(f"model.safetensors has constants for layer(s) {extra} with no constant heads in the config")
+    return problems
 
 
 def head_grid_lines(d: dict, constant: str = "C", kept: str = ".") -> list[str]:
@@ -240,6 +315,8 @@ def format_description(d: dict) -> str:
     lines += [f"    {name:<28} {human_size(size):>10}" for name, size in d["files"].items()]
     if d["missing_files"]:
         lines.append(f"  missing         {', '.join(d['missing_files'])}")
+    for problem in d.get("problems") or []:
+        lines.append(f"  PROBLEM         {problem}")
     return "\n".join(lines)
 
 

@@ -19,6 +19,15 @@ KIND_CHOICES = ("average", "identity", "toeplitz", "zeros", "uniform", "norm-ave
 METHOD_CHOICES = ("lambda", "reversed-lambda", "variance", "norm", "first-to-last", "last-to-first", "random")
 
 
+class OptionError(ValueError):
+    """A bad option value found by the library: the CLI reports it as a usage error (exit 2) naming ``option``."""
+
+    def __init__(self, option: str, message: str):
+        self.option = option
+        super().__init__(f"{option}: {message}")
+        self.detail = message
+
+
 def opt(help: str, default: Any = None, *, flag: str | None = None, short: str | None = None, **click_kwargs):
     """A dataclass field that is also a click option (``--name`` from the field name unless ``flag``)."""
     return field(default=default, metadata={"help": help, "flag": flag, "short": short, "click": click_kwargs})
@@ -117,7 +126,9 @@ class ConvertOptions:
 class PushOptions:
     """Publishing to the Hugging Face Hub."""
 
-    repo_id: str | None = opt("Hub repository id, e.g. user/minilm-papa-0.5.")
+    repo_id: str | None = opt(
+        "Hub repository id, e.g. user/minilm-papa-0.5. Default: <your token's namespace>/<output folder name>."
+    )
     private: bool = opt("Create the repository as private.", False, is_flag=True)
     revision: str | None = opt("Branch to push to.")
     create_pr: bool = opt("Open a pull request instead of committing to the branch.", False, is_flag=True)

@@ -63,12 +63,13 @@ def default_device(device: str | None) -> str:
     return device or ("cuda" if torch.cuda.is_available() else "cpu")
 
 
-def load_model(name: str, run: RunOptions, auto_class: str = "AutoModel"):
-    """(model, tokenizer) of a source or PAPA checkpoint, on the chosen device and dtype."""
+def load_model(name: str, run: RunOptions, auto_class: str = "AutoModel", attn: str | None = None):
+    """(model, tokenizer) of a source or PAPA checkpoint, on the chosen device and dtype (and attention)."""
     from .loading import load_source
 
+    extra = {"attn_implementation": attn} if attn else {}
     return load_source(
-        resolve_model(name), auto_class=auto_class, dtype=run.model_dtype, device=default_device(run.device)
+        resolve_model(name), auto_class=auto_class, dtype=run.model_dtype, device=default_device(run.device), **extra
     )
 
 
@@ -103,21 +104,25 @@ def obtain_constants(
     kind="average",
     constants_file=None,
     progress=True,
+    corpus=None,
 ):
-    """Constants for ``model``: a file, a data-free kind, or an average over the corpus (calibration or analysis)."""
+    """Constants for ``model``: a file, a data-free kind, or an average over the corpus (calibration or analysis).
+
+    ``corpus``: the corpus already opened by a preflight (default: ``open_corpus(cal)``).
+    """
     from .architectures import num_heads_layers
     from .constants import DATA_FREE_KINDS, Constants
 
     if constants_file:
         constants = Constants.load(constants_file)
-        constants.check_compatible(model.config, source)
+        constants.check_compatible(model.config, source, model=model)
         return constants
     if kind in DATA_FREE_KINDS:
         heads, layers = num_heads_layers(model.config)
         return Constants.from_kind(kind, layers, heads, cal.max_length, source_model=source)
     from .analysis import corpus_constants
 
-    corpus = open_corpus(cal)
+    corpus = corpus if corpus is not None else open_corpus(cal)
     return corpus_constants(
         kind,
         model,
@@ -176,6 +181,104 @@ def default_out_dir(model: str, fraction: float) -> Path:
     return Path(f"{name}-papa-{fraction:g}")
 
 
+# ---------------------------------------------------------------------------------------------- preflight
+def check_output_file(out, overwrite: bool, what: str = "output file") -> Path:
+    """ValueError unless ``out`` may be written: not a folder, not an existing file (unless ``overwrite``)."""
+    out = Path(out)
+    if out.is_dir():
+        raise ValueError(f"--out {str(out)!r} is a folder; pass a file path for the {what}")
+    if out.exists() and not overwrite:
+        raise ValueError(f"{what} {str(out)!r} already exists; pass --overwrite to replace it")
+    return out
+
+
+def check_max_length(config, max_length: int, model_name: str, option: str = "--max-length") -> None:
+    """OptionError when ``max_length`` slots need more positions than the model has (before any work)."""
+    from .architectures import is_papa_config
+    from .loading import position_limit
+    from .options import OptionError
+
+    if is_papa_config(config):
+        return
+    limit = position_limit(config)
+    if limit is not None and max_length > limit:
+        raise OptionError(
+            option,
+            f"{max_length} slots exceed the {limit} positions {public_name_of(model_name)} has "
+            f"(max_position_embeddings); pass {option} {limit} or less",
+        )
+
+
+def public_name_of(model_name: str) -> str:
+    from .loading import public_name
+
+    return EMBEDDED_HUB_ID if model_name in ("minilm", "embedded") else public_name(model_name) or model_name
+
+
+def check_source_config(config, model_name: str) -> None:
+    """ValueError for a PAPA checkpoint given where a source model is needed (with what to pass instead)."""
+    from .architectures import is_papa_config
+
+    if is_papa_config(config):
+        source = getattr(config, "papa_source_model", None)
+        raise ValueError(
+            f"{model_name} is already a PAPA checkpoint ({len(config.papa_constant_heads or [])} constant heads); "
+            f"convert its source model{f' ({source})' if source else ''} instead, or probe it as it is"
+        )
+
+
+def task_split(task, split: str, data_dir, max_examples=None):
+    """``probe.load_split`` with the fix named when the Hub dataset cannot be reached (offline, no network)."""
+    from .probe import get_task
+    from .sweep import _split
+
+    return _split(get_task(task), split, data_dir, max_examples)
+
+
+def preflight_ranking(rank: RankOptions) -> None:
+    """Check a ranking request's inputs (method, task, data) before the model loads or calibration runs."""
+    from .ranking import check_rank_inputs
+
+    if rank.ranking:
+        return
+    method = check_rank_inputs(rank.method or ("lambda" if rank.task else "variance"), rank.task)
+    if method in ("lambda", "reversed-lambda"):
+        from .probe import get_task
+
+        task_split(get_task(rank.task), "train", rank.data_dir, rank.max_train_examples)
+
+
+def needs_corpus(kind: str, constants_file, rank: RankOptions | None) -> bool:
+    """Whether a run will calibrate on a corpus (so the corpus must be opened before the model loads)."""
+    from .constants import DATA_FREE_KINDS
+
+    if constants_file:
+        return False
+    if kind not in DATA_FREE_KINDS:
+        return True
+    method = None if rank is None or rank.ranking else (rank.method or ("lambda" if rank.task else "variance"))
+    return method in ("variance", "lambda", "reversed-lambda", "norm")
+
+
+def check_pairs_fit(tokenizer, max_length: int, pairs: bool) -> None:
+    """Raise the slot layout's error for a pair length too small for any pair, before calibrating."""
+    if pairs:
+        from .encoding import encode
+
+        encode(tokenizer, [("a", "b")], max_length, pairs=True)
+
+
+def source_record(model_name: str, path: str, info: dict) -> dict:
+    """The recipe's ``source``: the Hub id when known, else "local model" with the folder's name (no paths)."""
+    from .loading import public_name
+
+    hub_id = info.get("hub_id")
+    record = {**info, "model": hub_id or "local model"}
+    if not hub_id:
+        record["local_name"] = public_name(path)
+    return record
+
+
 def run_convert(
     model_name: str,
     cal: CalibrationOptions,
@@ -187,22 +290,51 @@ def run_convert(
     command: str | None = None,
     progress: bool = True,
 ) -> Path:
-    """``papa-surgery convert``: the whole job; returns the checkpoint folder."""
-    from .convert import build_recipe, convert, save_checkpoint
-    from .ranking import check_fraction
+    """``papa-surgery convert``: the whole job; returns the checkpoint folder.
+
+    Every input (output folder, constants and ranking files, push target, model, slot count, corpus, task
+    data) is checked before the first expensive step (loading weights, calibrating, training lambdas).
+    """
+    from .constants import Constants
+    from .convert import build_recipe, check_output_dir, convert, save_checkpoint
+    from .loading import load_config
+    from .ranking import Ranking, check_fraction
 
     check_fraction(conv.fraction)
     out = Path(conv.out) if conv.out else default_out_dir(model_name, conv.fraction)
-    if out.exists() and not conv.overwrite:
-        raise ValueError(f"output folder {str(out)!r} already exists; pass --overwrite to replace it")
-    if do_push and not push.repo_id:
-        raise ValueError("--push needs --repo-id (e.g. --repo-id your-name/model-papa)")
+    check_output_dir(out, conv.overwrite)
+    constants_file = Constants.load(conv.constants) if conv.constants else None
+    ranking_file = Ranking.load(rank.ranking) if rank.ranking else None
+    if rank.ranking and rank.method:
+        raise ValueError("pass either --ranking FILE or --method, not both")
+    if not rank.ranking:
+        from .ranking import check_rank_inputs
+
+        check_rank_inputs(rank.method or ("lambda" if rank.task else "variance"), rank.task)
+    repo_id = None
+    if do_push:
+        from .hub import resolve_push_target
+
+        repo_id = resolve_push_target(push.repo_id, out.resolve().name)
     path = resolve_model(model_name)
+    config = load_config(path)
+    check_source_config(config, model_name)
+    length = constants_file.max_length if constants_file else cal.max_length
+    check_max_length(config, length, model_name)
+    if ranking_file is not None:
+        ranking_file.check_compatible(config)
+    corpus = open_corpus(cal) if needs_corpus(conv.kind, conv.constants, rank) else None
+    preflight_ranking(rank)
     info = source_info(path)
-    source = info["hub_id"] or model_name
+    source = info["hub_id"] or public_name_of(model_name)
     model, tokenizer = load_model(model_name, run)
-    constants = obtain_constants(model, tokenizer, source, cal, run, conv.kind, conv.constants, progress)
-    ranking = obtain_ranking(model, tokenizer, rank, constants, run, source, cal, progress)
+    check_pairs_fit(tokenizer, cal.max_length, cal.pairs and corpus is not None)
+    if constants_file is not None:
+        constants_file.check_compatible(model.config, source, model=model)
+        constants = constants_file
+    else:
+        constants = obtain_constants(model, tokenizer, source, cal, run, conv.kind, None, progress, corpus=corpus)
+    ranking = ranking_file or obtain_ranking(model, tokenizer, rank, constants, run, source, cal, progress)
     heads = ranking.select(conv.fraction)
     papa = convert(
         model,
@@ -217,20 +349,32 @@ def run_convert(
         source_name=source,
     )
     recipe = build_recipe(papa, constants, ranking, command=command)
-    recipe["source"].update(info, model=source)
+    recipe["source"].update(source_record(model_name, path, info))
     save_checkpoint(papa, out, tokenizer=tokenizer, recipe=recipe, overwrite=conv.overwrite, results=conv.results)
     if do_push:
         from .hub import push as hub_push
 
-        hub_push(out, push.repo_id, private=push.private, revision=push.revision, create_pr=push.create_pr)
+        hub_push(out, repo_id, private=push.private, revision=push.revision, create_pr=push.create_pr)
     return out
 
 
-def run_calibrate(model_name: str, cal: CalibrationOptions, run: RunOptions, out: str, progress=True) -> Path:
-    """``papa-surgery calibrate``: write a constants file."""
-    source = source_info(resolve_model(model_name))["hub_id"] or model_name
+def run_calibrate(
+    model_name: str, cal: CalibrationOptions, run: RunOptions, out: str, progress=True, overwrite: bool = False
+) -> Path:
+    """``papa-surgery calibrate``: write a constants file (an existing one only with ``overwrite``)."""
+    from .loading import load_config
+
+    out = check_output_file(out, overwrite, "constants file")
+    path = resolve_model(model_name)
+    config = load_config(path)
+    check_source_config(config, model_name)
+    check_max_length(config, cal.max_length, model_name)
+    corpus = open_corpus(cal)
+    source = source_info(path)["hub_id"] or public_name_of(model_name)
     model, tokenizer = load_model(model_name, run)
-    return obtain_constants(model, tokenizer, source, cal, run, progress=progress).save(out)
+    check_pairs_fit(tokenizer, cal.max_length, cal.pairs)
+    constants = obtain_constants(model, tokenizer, source, cal, run, progress=progress, corpus=corpus)
+    return constants.save(out, overwrite=overwrite)
 
 
 def run_rank(
@@ -241,14 +385,41 @@ def run_rank(
     constants_file: str | None,
     out: str,
     progress=True,
+    overwrite: bool = False,
 ) -> Path:
-    """``papa-surgery rank``: write a ranking JSON."""
+    """``papa-surgery rank``: write a ranking JSON (an existing one only with ``overwrite``)."""
+    from .constants import Constants
+    from .loading import load_config
+    from .ranking import check_rank_inputs
+
     if rank.ranking:
         raise ValueError("`rank` makes a ranking: pass --method, not --ranking")
-    source = source_info(resolve_model(model_name))["hub_id"] or model_name
+    check_rank_inputs(rank.method or ("lambda" if rank.task else "variance"), rank.task)
+    out = check_output_file(out, overwrite, "ranking file")
+    given = Constants.load(constants_file) if constants_file else None
+    path = resolve_model(model_name)
+    config = load_config(path)
+    check_source_config(config, model_name)
+    method = rank.method or ("lambda" if rank.task else "variance")
+    calibrates = given is None and (
+        cal.corpus is not None or method in ("variance", "lambda", "reversed-lambda", "norm")
+    )
+    if calibrates:
+        check_max_length(config, cal.max_length, model_name)
+    corpus = open_corpus(cal) if calibrates else None
+    preflight_ranking(rank)
+    source = source_info(path)["hub_id"] or public_name_of(model_name)
     model, tokenizer = load_model(model_name, run)
     constants = None
-    if constants_file or cal.corpus:
-        constants = obtain_constants(model, tokenizer, source, cal, run, "average", constants_file, progress)
+    if given is not None:
+        given.check_compatible(model.config, source, model=model)
+        constants = given
+    elif cal.corpus:
+        check_pairs_fit(tokenizer, cal.max_length, cal.pairs)
+        constants = obtain_constants(model, tokenizer, source, cal, run, "average", None, progress, corpus=corpus)
     ranking = obtain_ranking(model, tokenizer, rank, constants, run, source, cal, progress)
-    return ranking.save(out)
+    from .atomic import staged_file
+
+    with staged_file(out, overwrite=overwrite) as tmp:
+        ranking.save(tmp)
+    return out

@@ -102,16 +102,59 @@ class Ranking:
 
     @classmethod
     def load(cls, path: str | Path) -> Ranking:
+        """Read a file written by :meth:`save`; ValueError naming the file, the bad field and the fix."""
         path = Path(path)
+        hint = "make one with papa-surgery rank"
+        if path.is_dir():
+            raise ValueError(f"--ranking {str(path)!r} is a folder; pass the .json file papa-surgery rank wrote")
         try:
-            data = json.loads(path.read_text())
+            data = json.loads(path.read_text(encoding="utf-8"))
         except FileNotFoundError:
             raise ValueError(f"ranking file {str(path)!r} does not exist") from None
+        except UnicodeDecodeError as err:
+            raise ValueError(f"ranking file {str(path)!r} is not UTF-8 text ({err.reason}); {hint}") from None
         except json.JSONDecodeError as err:
             raise ValueError(f"ranking file {str(path)!r} is not JSON: {err}") from None
-        if data.pop("format", None) != "papa-ranking":
-            raise ValueError(f"{str(path)!r} is not a papa-surgery ranking (make one with papa-surgery rank)")
-        return cls(**data)
+        if not isinstance(data, dict) or data.pop("format", None) != "papa-ranking":
+            raise ValueError(f"{str(path)!r} is not a papa-surgery ranking ({hint})")
+        return cls(**_checked_fields(data, path))
+
+
+def _checked_fields(data: dict, path: Path) -> dict:
+    """The constructor arguments of a ranking file, each checked for its JSON shape."""
+    where = f"ranking file {str(path)!r}"
+    names = {"method", "order", "num_layers", "num_heads", "scores", "provenance"}
+    missing = sorted({"method", "order", "num_layers", "num_heads"} - set(data))
+    if missing:
+        raise ValueError(f"{where} lacks {', '.join(missing)}; make it again with papa-surgery rank")
+    unknown = sorted(set(data) - names)
+    if unknown:
+        raise ValueError(f"{where} has unknown field(s) {', '.join(unknown)}")
+    if not isinstance(data["method"], str):
+        raise ValueError(f"{where}: 'method' must be a string, got {data['method']!r}")
+    for key in ("num_layers", "num_heads"):
+        if not isinstance(data[key], int) or isinstance(data[key], bool) or data[key] < 1:
+            raise ValueError(f"{where}: {key!r} must be a positive integer, got {data[key]!r}")
+    order = data["order"]
+    if not isinstance(order, list) or not all(
+        isinstance(x, list) and len(x) == 2 and all(isinstance(v, int) and not isinstance(v, bool) for v in x)
+        for x in order
+    ):
+        raise ValueError(f"{where}: 'order' must be a list of [layer, head] integer pairs")
+    scores = data.get("scores")
+    if scores is not None and (
+        not isinstance(scores, list)
+        or len(scores) != len(order)
+        or not all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in scores)
+    ):
+        raise ValueError(f"{where}: 'scores' must be null or {len(order)} finite numbers, one per head of 'order'")
+    if data.get("provenance") is not None and not isinstance(data["provenance"], dict):
+        raise ValueError(f"{where}: 'provenance' must be a JSON object")
+    try:
+        Ranking(**{**data, "provenance": data.get("provenance") or {}})
+    except ValueError as err:
+        raise ValueError(f"{where}: {err}") from None
+    return {**data, "provenance": data.get("provenance") or {}}
 
 
 def order_by_scores(scores, ascending: bool = True) -> tuple[list[list[int]], list[float]]:

@@ -5,6 +5,7 @@ Shared by ``sweep`` (resume: skip cells already in the file) and ``report`` (tab
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -30,6 +31,49 @@ def cell_key(row: dict) -> tuple:
     )
 
 
+@contextlib.contextmanager
+def locked(path: str | Path):
+    """Hold an exclusive lock on the results file while a sweep reads and appends to it.
+
+    A second sweep on the same file waits (and says so), then sees the first one's rows and skips them:
+    no cell is run or written twice. (No lock where ``fcntl`` is missing.)
+    """
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - Windows
+        yield
+        return
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a", encoding="utf-8") as handle:
+        try:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            logger.warning("%s: another sweep is writing to it; waiting for it to finish", path)
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+
+
+def check_options(rows: list[dict], cell: dict, options: dict, path) -> None:
+    """ValueError when ``path`` holds rows of the same model and task made with other score-changing options."""
+    for row in rows:
+        if row.get("model") != cell["model"] or row.get("task") != cell["task"]:
+            continue
+        recorded = row.get("options")
+        if not isinstance(recorded, dict):
+            continue  # written before rows recorded their options: cannot be compared
+        for name, value in options.items():
+            if name in recorded and recorded[name] != value:
+                flag = "--" + name.replace("_", "-")
+                raise ValueError(
+                    f"{path} holds {cell['task']} results of {cell['model']} made with {flag} {recorded[name]} "
+                    f"(this run: {value}); resume with the same options, or write to another --out"
+                )
+
+
 def read_rows(path: str | Path, repair: bool = False) -> list[dict]:
     """Rows of a results file; a torn last line (a sweep killed mid-write) is dropped (and cut off if ``repair``).
 
@@ -46,11 +90,16 @@ def read_rows(path: str | Path, repair: bool = False) -> list[dict]:
         end = offset + len(line) + 1
         if line.strip():
             try:
-                rows.append(json.loads(line))
+                rows.append(json.loads(line.decode("utf-8")))
                 good_end = min(end, len(data))
-            except json.JSONDecodeError:
+            except (UnicodeDecodeError, json.JSONDecodeError) as err:
                 if any(x.strip() for x in lines[i + 1 :]):
-                    raise ValueError(f"{path}: line {i + 1} is not JSON; fix or remove it to resume") from None
+                    what = (
+                        f"is not valid UTF-8 (byte {err.start + 1})"
+                        if isinstance(err, UnicodeDecodeError)
+                        else "is not JSON"
+                    )
+                    raise ValueError(f"{path}: line {i + 1} {what}; fix or remove it to resume") from None
                 logger.warning("%s: dropping a torn last line (an interrupted write)", path)
                 if repair:
                     with open(path, "r+b") as f:

@@ -22,7 +22,7 @@ import re
 from pathlib import Path
 
 from . import __version__
-from .results import TASK_CORPUS, append_row, cell_key, is_row, read_rows
+from .results import TASK_CORPUS, append_row, cell_key, check_options, is_row, locked, read_rows
 from .sweep_config import (  # noqa: F401  (re-exported: the sweep's public names)
     CONSTANTS_METHODS,
     CORPUS_KINDS,
@@ -110,7 +110,6 @@ class _Sweep:
     def preflight(self, tasks) -> None:
         """Read every split and corpus and check every slot count now, so a bad input writes no line."""
         from .architectures import get_family
-        from .probe import load_split
 
         cfg = self.config
         get_family(self.model)
@@ -121,9 +120,9 @@ class _Sweep:
                 raise ValueError(
                     f"max_length={length} exceeds the model's max_position_embeddings={limit}; pass a smaller one"
                 )
-            load_split(task, "eval", cfg.data_dir, cfg.max_eval_examples)
+            _split(task, "eval", cfg.data_dir, cfg.max_eval_examples)
             if task.kind != "mlm":
-                load_split(task, "train", cfg.data_dir, cfg.max_train_examples)
+                _split(task, "train", cfg.data_dir, cfg.max_train_examples)
             if not self.is_papa:
                 for spec in cfg.corpora:
                     if spec not in (TASK_CORPUS, DEFAULT_CORPUS) and not spec.startswith(TASK_CORPUS + ":"):
@@ -344,6 +343,21 @@ class _Sweep:
         }
 
 
+def _split(task, split: str, data_dir, max_examples):
+    """``probe.load_split`` naming the fix when the Hub dataset cannot be reached (offline, no network)."""
+    from .probe import load_split
+
+    try:
+        return load_split(task, split, data_dir, max_examples)
+    except OSError as err:  # ConnectionError, offline mode
+        if data_dir is not None:
+            raise
+        raise ValueError(
+            f"task {task.name!r}: the Hub dataset could not be reached ({str(err).splitlines()[0]}); pass "
+            "--data-dir with local files (e.g. --data-dir ../shared/data)"
+        ) from None
+
+
 PROBE_FIELDS = (
     "metric",
     "score",
@@ -415,34 +429,39 @@ def run_sweep(
 
     config.validate()
     out_path = Path(out_path)
-    done = {cell_key(r): r for r in read_rows(out_path, repair=True) if is_row(r)}
-    sweep = _Sweep(config, out_path, progress, model, tokenizer)
     tasks = [get_task(t) for t in _as_tuple(config.tasks)]
     model_config = model.config if model is not None else _config_of(config)
     papa = is_papa_config(model_config)
     cells = _checkpoint_cells(config, model_config) if papa else config.cells()
-    todo = [c for c in cells if cell_key(c) not in done]
-    if todo:
-        sweep.load(need_mlm=any(t.kind == "mlm" for t in tasks))
-        sweep.preflight(tasks)
-        if done:
-            logger.info("%s: %d of %d cells already done; resuming", out_path, len(cells) - len(todo), len(cells))
-        out_path.parent.mkdir(parents=True, exist_ok=True)
-        bar = tqdm(todo, desc="sweep", unit="cell", disable=not progress)
-        for cell in bar:
-            bar.set_postfix_str(
-                f"{cell['task']} {cell['kind']}/{cell['method']} f={cell['fraction']:g} seed={cell['seed']}"
-            )
-            task = get_task(cell["task"])
-            body = sweep.run_checkpoint_cell(cell, task) if papa else sweep.run_cell(cell, task)
-            row = {
-                **cell,
-                "kept_fraction": round(1.0 - cell["fraction"], 10),
-                **body,
-                "papa_surgery_version": __version__,
-            }
-            append_row(out_path, row)
-            done[cell_key(row)] = row
+    options = {task.name: config.score_options(task) for task in tasks}
+    with locked(out_path):  # a second sweep on this file waits, then skips what this one wrote
+        existing = [r for r in read_rows(out_path, repair=True) if is_row(r)]
+        for cell in cells:
+            check_options(existing, cell, options[cell["task"]], out_path)
+        done = {cell_key(r): r for r in existing}
+        todo = [c for c in cells if cell_key(c) not in done]
+        if todo:
+            sweep = _Sweep(config, out_path, progress, model, tokenizer)
+            sweep.load(need_mlm=any(t.kind == "mlm" for t in tasks))
+            sweep.preflight(tasks)
+            if done:
+                logger.info("%s: %d of %d cells already done; resuming", out_path, len(cells) - len(todo), len(cells))
+            bar = tqdm(todo, desc="sweep", unit="cell", disable=not progress)
+            for cell in bar:
+                bar.set_postfix_str(
+                    f"{cell['task']} {cell['kind']}/{cell['method']} f={cell['fraction']:g} seed={cell['seed']}"
+                )
+                task = get_task(cell["task"])
+                body = sweep.run_checkpoint_cell(cell, task) if papa else sweep.run_cell(cell, task)
+                row = {
+                    **cell,
+                    "kept_fraction": round(1.0 - cell["fraction"], 10),
+                    **body,
+                    "options": options[task.name],
+                    "papa_surgery_version": __version__,
+                }
+                append_row(out_path, row)
+                done[cell_key(row)] = row
     return [done[cell_key(c)] for c in cells]
 
 

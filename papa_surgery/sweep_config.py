@@ -121,28 +121,53 @@ class SweepConfig:
         if self.max_length is not None and self.max_length < 4:
             raise ValueError(f"max_length must be at least 4, got {self.max_length}")
 
-    def cells(self) -> list[dict]:
-        """Every cell of the sweep, in the order it runs (seeds innermost, so a converted model serves all)."""
+    def score_options(self, task) -> dict:
+        """The options that change a score of ``task``, resolved against the task's defaults (App. B).
+
+        Rows record them; resuming with a different value is an error naming the option.
+        """
         from .probe.tasks import get_task
 
-        out = []
+        task = get_task(task)
+        return {
+            "max_length": self.max_length or task.max_length,
+            "max_train_examples": self.max_train_examples,
+            "max_eval_examples": self.max_eval_examples,
+            "max_calibration_examples": self.max_calibration_examples,
+            "epochs": task.epochs if self.epochs is None else self.epochs,
+            "lr": task.lr if self.lr is None else self.lr,
+            "batch_size": self.batch_size or task.batch_size,
+            "dtype": self.dtype or "fp32",
+            "rank_options": {k: self.rank_options[k] for k in sorted(self.rank_options)},
+        }
+
+    def cells(self) -> list[dict]:
+        """Every cell of the sweep, in the order it runs (seeds innermost, so a converted model serves all).
+
+        Equal cells (``0.5`` and ``1/2``, a repeated kind...) appear once.
+        """
+        from .probe.tasks import get_task
+        from .results import cell_key
+
+        out, seen = [], set()
         for task in _as_tuple(self.tasks):
             for corpus in self.corpora:
                 for kind in _as_tuple(self.kinds):
                     for method in _as_tuple(self.methods):
                         for fraction in _as_tuple(self.fractions):
                             for seed in self.seed_list:
-                                out.append(
-                                    dict(
-                                        model=self.model_name,
-                                        task=get_task(task).name,
-                                        fraction=float(fraction),
-                                        kind=kind,
-                                        method=method,
-                                        seed=int(seed),
-                                        corpus=corpus,
-                                    )
+                                cell = dict(
+                                    model=self.model_name,
+                                    task=get_task(task).name,
+                                    fraction=float(fraction),
+                                    kind=kind,
+                                    method=method,
+                                    seed=int(seed),
+                                    corpus=corpus,
                                 )
+                                if cell_key(cell) not in seen:
+                                    seen.add(cell_key(cell))
+                                    out.append(cell)
         return out
 
 
@@ -153,7 +178,10 @@ def parse_fractions(text: str | Sequence[float]) -> tuple[float, ...]:
     from .ranking import check_fraction
 
     items = text.split(",") if isinstance(text, str) else list(text)
-    out = tuple(check_fraction(float(Fraction(str(x).strip()))) for x in items if str(x).strip())
-    if not out:
+    values = [check_fraction(float(Fraction(str(x).strip()))) for x in items if str(x).strip()]
+    if not values:
         raise ValueError("no fractions given")
-    return out
+    out: dict[float, float] = {}
+    for value in values:  # 0.5 and 1/2 are one fraction
+        out.setdefault(round(value, 6), value)
+    return tuple(out.values())

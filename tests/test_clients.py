@@ -324,3 +324,19 @@ def test_sentence_transformers_round_trip_minilm(minilm_path, tmp_path):
         assert torch.allclose(got.norm(dim=-1), torch.ones(len(texts)), atol=1e-5)
         if fraction == 0.0:
             assert float((got - expected).abs().max()) <= TOL
+
+
+def test_a_pair_as_inputs_embeds_with_explicit_slots_equals_input_ids(tiny):
+    _, tok, papa = papa_of(tiny, "bert")
+    enc = batch(tok, PAIRS, pairs=True)
+    with torch.no_grad():
+        by_ids = papa(**enc).last_hidden_state
+        embeds = papa.get_input_embeddings()(enc["input_ids"])
+        slots = papa.papa_slots(enc["input_ids"], enc["attention_mask"])
+        by_embeds = papa(
+            inputs_embeds=embeds,
+            attention_mask=enc["attention_mask"],
+            token_type_ids=enc["token_type_ids"],
+            papa_slots=slots,
+        ).last_hidden_state
+    assert float((by_embeds - by_ids).abs().max()) <= TOL

@@ -27,7 +27,7 @@ from .configuration_papa import papa_config_class
 from .families import FAMILIES, family_for
 from .overrides import attention_class, layer_class, slot_scope
 from .papa_attention import PAPA_PREFIX, PapaHeads, register_papa_attention, setup_interface_attention
-from .slots import compute_slots
+from .slots import compute_slots, is_tracing
 
 register_papa_attention()
 
@@ -173,11 +173,26 @@ class PapaModelMixin:
             input_ids, embeds = inputs.get("input_ids"), inputs.get("inputs_embeds")
             if input_ids is None and embeds is None:
                 raise ValueError("pass input_ids or inputs_embeds to a PAPA model")
+            if input_ids is None:
+                _refuse_embedded_pairs(inputs.get("token_type_ids"), inputs.get("attention_mask"))
             papa_slots = self.papa_slots(input_ids, inputs.get("attention_mask"), embeds)
         if self.papa_uses_interface:
             return super().forward(**inputs, papa_slots=papa_slots)
         with slot_scope(papa_slots):
             return super().forward(**inputs)
+
+
+def _refuse_embedded_pairs(token_type_ids, attention_mask) -> None:
+    """Embeddings do not say where a pair's second segment starts: refuse a pair rather than misplace it."""
+    if token_type_ids is None or is_tracing():
+        return
+    second = token_type_ids.bool() if attention_mask is None else token_type_ids.bool() & attention_mask.bool()
+    if bool(second.any()):
+        raise ValueError(
+            "a sentence pair given as inputs_embeds cannot be placed in the constant attention's slot layout "
+            "(its second segment would be read as part of the first): pass input_ids, or pass "
+            "papa_slots=model.papa_slots(input_ids, attention_mask) with the embeddings"
+        )
 
 
 def _forward_for(source: type):

@@ -21,7 +21,7 @@ import torch
 PAD_SLOT = -1
 
 
-def _tracing() -> bool:
+def is_tracing() -> bool:
     """Whether the model is being traced (dynamo, torch.export, jit), where tensor values are unknown."""
     compiler = getattr(torch, "compiler", None)
     for name in ("is_compiling", "is_exporting"):
@@ -97,7 +97,7 @@ def _check_fits(n_real: torch.Tensor, first_mid: torch.Tensor, is_pair: torch.Te
     first_too_long = is_pair & (first_mid > half)
     second_too_long = is_pair & (n_real - 1 - first_mid > max_length - 1 - half)
     bad = torch.cat([too_long, first_too_long, second_too_long], dim=-1)  # (B, 3)
-    if _tracing():
+    if is_tracing():
         torch._assert_async(~bad.any(), f"input does not fit the constant attention's {max_length} slots")
         return
     if not bool(bad.any()):

@@ -101,6 +101,8 @@ def _load_local(task: Task, split: str, data_dir: Path) -> Split:
 def _read_glue_tsv(task: Task, path: Path, header: bool, text: tuple, label) -> Split:
     with open(path, encoding="utf-8-sig", newline="") as f:
         rows = [line.rstrip("\r\n").split("\t") for line in f if line.strip()]
+    if not rows:
+        raise ValueError(f"{path} is empty; expected {'a header line and ' if header else ''}one example per line")
     if header:
         columns = rows.pop(0)
         missing = [c for c in (*text, label) if c not in columns]

@@ -1,0 +1,93 @@
+"""Issue 10, item 3: resuming a sweep is option-aware, equal fractions are one cell, and concurrent sweeps on one
+results file never run or write a cell twice."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+from test_sweep import CountingProbe, config, write_sst2
+
+import papa_surgery.probe as probe_pkg
+from papa_surgery.results import cell_key, read_rows
+from papa_surgery.sweep import parse_fractions, run_sweep
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+    return write_sst2(tmp_path_factory.mktemp("resume-data"))
+
+
+@pytest.mark.parametrize(
+    "change",
+    [{"max_length": 16}, {"max_train_examples": 20}, {"epochs": 2}, {"lr": 1e-3}, {"max_eval_examples": 8}],
+    ids=lambda c: next(iter(c)),
+)
+def test_resume_with_a_score_changing_option_is_refused(tiny_folder, data_dir, tmp_path, monkeypatch, change):
+    model_dir = tiny_folder("bert")
+    out = tmp_path / "r.jsonl"
+    monkeypatch.setattr(probe_pkg, "probe", CountingProbe())
+    run_sweep(config(model_dir, data_dir, fractions=(0.0,), seeds=1), out, progress=False)
+    before = out.read_bytes()
+    counter = CountingProbe()
+    monkeypatch.setattr(probe_pkg, "probe", counter)
+    name = next(iter(change))
+    with pytest.raises(ValueError, match="--" + name.replace("_", "-")):
+        run_sweep(config(model_dir, data_dir, fractions=(0.0,), seeds=1, **change), out, progress=False)
+    assert counter.calls == 0 and out.read_bytes() == before  # the old rows are not reported as this run's
+
+
+def test_same_options_spelled_differently_resume(tiny_folder, data_dir, tmp_path, monkeypatch):
+    model_dir = tiny_folder("bert")
+    out = tmp_path / "r.jsonl"
+    monkeypatch.setattr(probe_pkg, "probe", CountingProbe())
+    run_sweep(config(model_dir, data_dir, fractions=(0.0,), seeds=1, epochs=None), out, progress=False)
+    counter = CountingProbe()
+    monkeypatch.setattr(probe_pkg, "probe", counter)
+    run_sweep(config(model_dir, data_dir, fractions=(0.0,), seeds=1, epochs=4), out, progress=False)  # sst2's default
+    assert counter.calls == 0
+
+
+def test_equal_fractions_are_one_cell(tiny_folder, data_dir, tmp_path, monkeypatch):
+    assert parse_fractions("0.5,1/2,0.50") == (0.5,)
+    counter = CountingProbe()
+    monkeypatch.setattr(probe_pkg, "probe", counter)
+    out = tmp_path / "r.jsonl"
+    rows = run_sweep(config(tiny_folder("bert"), data_dir, fractions=(0.0, 0.0, 1e-12), seeds=1), out, progress=False)
+    assert len(rows) == 1 and len(read_rows(out)) == 1 and counter.calls == 1
+
+
+def test_two_sweeps_on_one_file_run_each_cell_once(tiny_folder, data_dir, tmp_path, monkeypatch):
+    model_dir = tiny_folder("bert")
+    out = tmp_path / "r.jsonl"
+    cfg = config(model_dir, data_dir, fractions=(0.0,), seeds=2)
+    both_started = threading.Barrier(2)
+    real = probe_pkg.probe
+    calls = []
+
+    def probe(*args, **kwargs):
+        calls.append(1)
+        try:  # without a lock both sweeps reach their first cell together; with it the second one waits
+            both_started.wait(timeout=5)
+        except threading.BrokenBarrierError:
+            pass
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(probe_pkg, "probe", probe)
+    errors = []
+
+    def sweep():
+        try:
+            run_sweep(cfg, out, progress=False)
+        except Exception as err:  # pragma: no cover - reported below
+            errors.append(err)
+
+    threads = [threading.Thread(target=sweep) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=600)
+    assert not errors
+    rows = read_rows(out)
+    assert len(rows) == 2 and len({cell_key(r) for r in rows}) == 2
+    assert len(calls) == 2
