@@ -207,7 +207,8 @@ def auto_map(family) -> dict[str, str]:
 
 def constant_heads_of(model) -> list[list[int]]:
     """``[[layer, head], ...]`` currently constant in a PAPA model."""
-    return [[layer, h] for layer, m in enumerate(attention_modules(model)) for h in getattr(m, "papa_const", [])]
+    heads = [getattr(m, "papa_heads", None) for m in attention_modules(model)]
+    return [[layer, h] for layer, hs in enumerate(heads) if hs is not None for h in hs.const]
 
 
 def library_versions() -> dict[str, str]:
