@@ -16,7 +16,7 @@ from papa_surgery.constants import Constants
 from papa_surgery.convert import convert, save_checkpoint
 from papa_surgery.hub_code.families import FAMILIES
 from papa_surgery.hub_code.modeling_papa import attention_modules
-from papa_surgery.ranking import label_free_ranking
+from papa_surgery.rank_methods import label_free_ranking
 
 FAMILY_TYPES = sorted(FAMILIES)
 L = 16
