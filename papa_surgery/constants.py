@@ -142,10 +142,15 @@ class Constants:
 
     @classmethod
     def load(cls, path: str | Path) -> Constants:
-        """Read a file written by :meth:`save`; ValueError on a file that is not PAPA constants."""
+        """Read a file written by :meth:`save`.
+
+        Raises:
+            FileNotFoundError: no such file.
+            ValueError: the file is not PAPA constants.
+        """
         path = Path(path)
         if not path.is_file():
-            raise ValueError(f"constants file {str(path)!r} does not exist")
+            raise FileNotFoundError(f"constants file {str(path)!r} does not exist")
         try:
             with safe_open(str(path), framework="pt") as f:
                 meta = f.metadata() or {}

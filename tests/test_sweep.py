@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 import random
 
 import pytest
 
-import papa_surgery.probe as probe_pkg
 from papa_surgery.results import cell_key, read_rows
 from papa_surgery.sweep import DEFAULT_FRACTIONS, SweepConfig, run_sweep
 
 POSITIVE = ["charming", "fun", "astounding", "affecting", "good", "great"]
 NEGATIVE = ["bleak", "desperate", "dull", "bad", "awful", "boring"]
+# The probe package whose ``probe`` the sweep calls (``papa_surgery.probe`` itself is the workflow function).
+probe_pkg = importlib.import_module("papa_surgery.probe")
 FILLER = ["the", "a", "movie", "is", "and", "journey", "acting", "music", "ride", "."]
 
 
