@@ -8,6 +8,7 @@ import random
 
 import pytest
 import torch
+from metric_values import is_f1_of
 
 from papa_surgery.probe import SentenceProbe, TokenProbe, probe
 from papa_surgery.probe.features import FeatureStore, encode_split
@@ -142,10 +143,17 @@ def test_probe_sentence_task_is_reproducible(tiny_model, tiny_tokenizer, data_di
 def test_probe_pairs_token_tasks_and_streaming(tiny_model, tiny_tokenizer, data_dir):
     model, tok = tiny_model("roberta"), tiny_tokenizer("roberta")
     mrpc = probe(model, tok, "mrpc", data_dir=data_dir, max_length=48, max_train_examples=20, **QUICK)
-    assert mrpc["metric"] == "f1" and mrpc["examples"] == 20 and 0.0 <= mrpc["score"] <= 1.0
+    assert mrpc["metric"] == "f1" and mrpc["examples"] == 20 and mrpc["eval_examples"] == 20
+    dev = (data_dir / "glue/mrpc/dev.tsv").read_text().splitlines()[1:]
+    positives = sum(line.startswith("1\t") for line in dev)
+    assert is_f1_of(mrpc["score"], gold=positives, most_predicted=len(dev)), mrpc["score"]  # F1 of the dev split
     bert, btok = tiny_model("bert"), tiny_tokenizer("bert")
     ner = probe(bert, btok, "ner", data_dir=data_dir, max_length=32, batch_size=8, **QUICK)
-    assert ner["metric"] == "seqeval_f1" and ner["steps"] == 2 * 6 and 0.0 <= ner["score"] <= 1.0
+    assert ner["metric"] == "seqeval_f1" and ner["steps"] == 2 * 6
+    valid = (data_dir / "conll2003/valid.txt").read_text().splitlines()
+    entities = sum(line.endswith("B-LOC") for line in valid)
+    words = sum(line.endswith((" O", "-LOC")) for line in valid)
+    assert is_f1_of(ner["score"], gold=entities, most_predicted=words), ner["score"]  # entity F1 of the valid split
     cached = probe(bert, btok, "sst2", data_dir=data_dir, **QUICK)
     streamed = probe(bert, btok, "sst2", data_dir=data_dir, cache_gb=0, **QUICK)
     assert not streamed["cached"] and abs(streamed["score"] - cached["score"]) <= 0.05

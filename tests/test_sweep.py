@@ -7,6 +7,7 @@ import json
 import random
 
 import pytest
+from metric_values import is_accuracy_of
 
 from papa_surgery.results import cell_key, read_rows
 from papa_surgery.sweep import DEFAULT_FRACTIONS, SweepConfig, run_sweep
@@ -102,7 +103,7 @@ def test_sweep_writes_one_line_per_cell_and_resumes(tiny_folder, data_dir, tmp_p
         for name in ("examples", "steps", "seconds", "papa_surgery_version", "corpus", "max_length"):
             assert name in r
         assert r["kept_fraction"] == pytest.approx(1 - r["fraction"])
-        assert r["metric"] == "accuracy" and 0.0 <= r["score"] <= 1.0
+        assert r["metric"] == "accuracy" and is_accuracy_of(r["score"], 16), r["score"]  # of the 16 dev sentences
         assert r["examples"] == 40 and r["max_length"] == 32 and r["corpus"] == "task"
         assert r["constant_heads"] == (8 if r["fraction"] == 1.0 else 0)
     attention_free = [r for r in rows if r["fraction"] == 1.0]
@@ -227,7 +228,7 @@ def test_analysis_kinds_and_norm_ranking_in_a_sweep(tiny_folder, data_dir, tmp_p
         ("norm-average", "norm", 4),
         ("effective-average", "norm", 4),
     ]
-    assert all(0.0 <= r["score"] <= 1.0 for r in rows)
+    assert all(is_accuracy_of(r["score"], 16) for r in rows)  # accuracies over the 16 dev sentences
     from papa_surgery.constants import Constants
     from papa_surgery.ranking import Ranking
 
