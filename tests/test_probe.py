@@ -8,7 +8,7 @@ import random
 
 import pytest
 import torch
-from metric_values import is_f1_of
+from metric_values import is_accuracy_of, is_f1_of
 
 from papa_surgery.probe import SentenceProbe, TokenProbe, probe
 from papa_surgery.probe.features import FeatureStore, encode_split
@@ -262,3 +262,33 @@ def test_pseudo_perplexity_masks_one_token_at_a_time(tiny_model, tiny_tokenizer)
                 n += 1
     assert count == n
     assert total == pytest.approx(want, rel=1e-5)
+
+
+def test_probe_beats_chance_on_a_learnable_task_and_not_on_shuffled_labels(tiny_model, tiny_tokenizer, tmp_path):
+    """The label is one sentiment word among 1-4 fillers: even a random encoder's hidden states carry it, so the
+    probe must learn it; the same sentences with shuffled labels leave it near the majority baseline."""
+
+    def sentence(rng: random.Random) -> tuple[str, int]:
+        label = rng.randrange(2)
+        words = rng.choices(FILLER, k=rng.randrange(1, 5)) + [rng.choice(POSITIVE if label else NEGATIVE)]
+        rng.shuffle(words)
+        return " ".join(words), label
+
+    rng = random.Random(1)
+    rows = {"train": [sentence(rng) for _ in range(160)], "dev": [sentence(rng) for _ in range(64)]}
+    shuffled = [y for _, y in rows["train"]]
+    rng.shuffle(shuffled)
+    for root, train_labels in ((tmp_path / "real", None), (tmp_path / "shuffled", shuffled)):
+        (root / "glue/sst2").mkdir(parents=True)
+        for name, split in rows.items():
+            labels = train_labels if name == "train" and train_labels else [y for _, y in split]
+            text = "".join(f"{s}\t{y}\n" for (s, _), y in zip(split, labels, strict=True))
+            (root / f"glue/sst2/{name}.tsv").write_text("sentence\tlabel\n" + text)
+    majority = max(sum(y for _, y in rows["dev"]), sum(1 - y for _, y in rows["dev"])) / len(rows["dev"])
+    model, tok = tiny_model("bert"), tiny_tokenizer("bert")
+    options = dict(epochs=20, lr=1e-2, batch_size=16, max_length=16, progress=False)
+    learnt = probe(model, tok, "sst2", data_dir=tmp_path / "real", **options)
+    control = probe(model, tok, "sst2", data_dir=tmp_path / "shuffled", **options)
+    assert learnt["eval_examples"] == 64 and is_accuracy_of(learnt["score"], 64)
+    assert learnt["score"] >= majority + 0.3, (learnt["score"], majority)
+    assert control["score"] <= majority + 0.15 < learnt["score"], (control["score"], majority)
