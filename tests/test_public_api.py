@@ -115,3 +115,39 @@ def test_public_calls_raise_the_documented_errors(tiny, tmp_path):
 
 def test_py_typed_ships():
     assert (Path(papa_surgery.__file__).parent / "py.typed").is_file()
+
+
+def test_calibration_and_analyses_put_back_the_callers_mode_and_attention(tiny):
+    from papa_surgery.analysis import stream
+
+    model, tok = tiny.model("bert", attn="sdpa"), tiny.tokenizer("bert")
+    model.train()
+    papa_surgery.calibrate(model, tok, SENTENCES, max_length=32, progress=False)
+    assert model.training and model.config._attn_implementation == "sdpa"
+    stream(model, tok, SENTENCES, "effective", max_length=32, progress=False)
+    assert model.training and model.config._attn_implementation == "sdpa"
+    model.eval()
+    papa_surgery.calibrate(model, tok, SENTENCES, kind="norm-average", max_length=32, progress=False)
+    assert not model.training
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU to see the model come back from it")
+def test_calibration_on_another_device_brings_the_model_back(tiny):
+    model, tok = tiny.model("bert"), tiny.tokenizer("bert")
+    constants = papa_surgery.calibrate(model, tok, SENTENCES, max_length=32, device="cuda", progress=False)
+    assert next(model.parameters()).device.type == "cpu" and constants.values.device.type == "cpu"
+
+
+def test_lapack_threads_is_scoped_and_restored_on_errors():
+    from papa_surgery.analysis.linalg import lapack_threads
+
+    before = torch.get_num_threads()
+    with lapack_threads(torch.device("cpu")):
+        assert torch.get_num_threads() == 1
+        with lapack_threads(torch.device("cpu")):  # re-entrant
+            assert torch.get_num_threads() == 1
+        assert torch.get_num_threads() == 1
+    assert torch.get_num_threads() == before
+    with pytest.raises(RuntimeError, match="boom"), lapack_threads(torch.device("cpu")):
+        raise RuntimeError("boom")
+    assert torch.get_num_threads() == before
