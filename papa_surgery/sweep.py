@@ -128,9 +128,9 @@ class _Sweep:
                     if spec not in (TASK_CORPUS, DEFAULT_CORPUS) and not spec.startswith(TASK_CORPUS + ":"):
                         self.open_corpus(spec, task)
         if not self.is_papa and any(m in ("lambda", "reversed-lambda") for m in cfg.methods):
-            from . import ranking
+            from . import rank_methods
 
-            if not hasattr(ranking, "rank_heads"):
+            if not hasattr(rank_methods, "rank_heads"):
                 raise ValueError(
                     "the lambda ranking is not available in this papa-surgery build; use --method variance"
                 )

@@ -237,3 +237,17 @@ def test_analysis_kinds_and_norm_ranking_in_a_sweep(tiny_folder, data_dir, tmp_p
     assert kinds == ["effective-average", "norm-average"]  # the norm ranking reused the norm-average pass
     (ranking,) = [Ranking.load(p) for p in artifacts if p.suffix == ".json"]
     assert ranking.method == "norm" and ranking.scores == sorted(ranking.scores)
+
+
+def test_lambda_methods_in_a_sweep(tiny_folder, data_dir, tmp_path):
+    """lambda and reversed-lambda run through the sweep's preflight and share one lambda training."""
+    cfg = config(
+        tiny_folder("bert"), data_dir, fractions=(0.5,), seeds=1, methods=("lambda", "reversed-lambda"),
+        rank_options={"steps": 2},
+    )  # fmt: skip
+    rows = run_sweep(cfg, tmp_path / "r.jsonl", progress=False)
+    assert [(r["method"], r["constant_heads"]) for r in rows] == [("lambda", 4), ("reversed-lambda", 4)]
+    from papa_surgery.ranking import Ranking
+
+    rankings = [Ranking.load(p) for p in sorted((tmp_path / "r.artifacts").glob("*.json"))]
+    assert [(r.method, r.provenance["steps"]) for r in rankings] == [("lambda", 2)]  # reversed-lambda reads it back
