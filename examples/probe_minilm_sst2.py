@@ -23,7 +23,7 @@ from papa_surgery.calibrate import calibrate
 from papa_surgery.constants import Constants
 from papa_surgery.convert import convert
 from papa_surgery.probe import load_split, probe
-from papa_surgery.ranking import label_free_ranking
+from papa_surgery.rank_methods import label_free_ranking
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = Path(os.environ.get("PAPA_SHARED_DATA", REPO.parent / "shared" / "data"))

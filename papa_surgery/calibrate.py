@@ -13,7 +13,7 @@ all-reduced at the end, so every process returns the same constants.
 from __future__ import annotations
 
 import datetime as _dt
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 from tqdm.auto import tqdm
@@ -71,6 +71,42 @@ def process_batches(corpus: Corpus, batch_size: int, desc: str, progress: bool =
     return bar, world
 
 
+def borrow(model, device=None) -> tuple[torch.device, Callable[[], None]]:
+    """Put ``model`` in eval mode on ``device`` (default: where it is) for a pass over a corpus.
+
+    Returns ``(device, restore)``: ``restore()`` puts back the model's train/eval mode and device, so
+    calibration and the analyses leave the caller's model as they found it.
+    """
+    param = next(model.parameters(), None)
+    home = param.device if param is not None else torch.device("cpu")
+    device = torch.device(device) if device is not None else home
+    was_training = model.training
+    model.to(device).eval()
+
+    def restore() -> None:
+        if device != home:
+            model.to(home)
+        model.train(was_training)
+
+    return device, restore
+
+
+def pass_metadata(model, corpus: Corpus, examples: int, batch_size: int, processes: int, source_name=None) -> dict:
+    """The provenance of one pass over a corpus (calibration or analysis), stored with its constants."""
+    return {
+        "source_model": source_name or getattr(model.config, "_name_or_path", None) or model.config.model_type,
+        "model_type": model.config.model_type,
+        "fingerprint": model_fingerprint(model),  # compatibility is checked by identity, not by name
+        "corpus": corpus.description,
+        "examples": examples,
+        "batch_size": batch_size,
+        "processes": processes,
+        "model_dtype": str(next(model.parameters()).dtype).replace("torch.", ""),
+        "papa_surgery_version": __version__,
+        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
 @torch.no_grad()
 def calibrate(
     model,
@@ -88,7 +124,8 @@ def calibrate(
 
     Args:
         model: a source model of a supported family (its weights are not changed; it runs with eager
-            attention in eval mode and any dtype, with fp64 accumulation).
+            attention in eval mode and any dtype, with fp64 accumulation, then gets back its attention
+            implementation, train/eval mode and device).
         tokenizer: its tokenizer.
         corpus: anything :func:`papa_surgery.corpus.load_corpus` accepts.
         max_length: L, the slot count (``--max-length``).
@@ -105,8 +142,7 @@ def calibrate(
     corpus = load_corpus(corpus, pairs=pairs, max_examples=max_examples)
     family = get_family(model)
     num_heads, num_layers = num_heads_layers(model.config)
-    device = torch.device(device) if device is not None else next(model.parameters()).device
-    model.to(device).eval()
+    device, restore = borrow(model, device)
     previous_impl = model.config._attn_implementation
     model.set_attn_implementation("eager")  # the probabilities must be materialised
 
@@ -128,20 +164,9 @@ def calibrate(
         for h in handles:
             h.remove()
         model.set_attn_implementation(previous_impl)
+        restore()
     if acc.examples == 0:
         raise ValueError(f"the corpus {corpus.description} gave no examples to calibrate on")
     values, counts, variance = acc.result()
-    source = source_name or getattr(model.config, "_name_or_path", None) or model.config.model_type
-    metadata = {
-        "source_model": source,
-        "model_type": model.config.model_type,
-        "fingerprint": model_fingerprint(model),
-        "corpus": corpus.description,
-        "examples": acc.examples,
-        "batch_size": batch_size,
-        "processes": world,
-        "model_dtype": str(next(model.parameters()).dtype).replace("torch.", ""),
-        "papa_surgery_version": __version__,
-        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-    }
+    metadata = pass_metadata(model, corpus, acc.examples, batch_size, world, source_name)
     return Constants(values, "average", max_length, pairs, counts, variance, metadata)

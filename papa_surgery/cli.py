@@ -344,7 +344,7 @@ def push(directory, **kwargs):
 def analyze(ctx, model, analysis, corpus, max_length, max_examples, batch_size, device, out):
     """Norm-based (Kobayashi 2020) or effective (Brunner 2020) attention analysis."""
     try:
-        from .analysis import analyze as run_analysis
+        from .api import analyze as run_analysis
     except ImportError:
         raise RuntimeError("`papa-surgery analyze` is not yet available in this version") from None
     from pathlib import Path

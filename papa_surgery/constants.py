@@ -182,7 +182,12 @@ class Constants:
 
     @classmethod
     def load(cls, path: str | Path) -> Constants:
-        """Read a file written by :meth:`save`; ValueError naming the file and the fix for anything else."""
+        """Read a file written by :meth:`save`.
+
+        Raises:
+            FileNotFoundError: no such file.
+            ValueError: the file is not PAPA constants (naming the file and the fix).
+        """
         path = Path(path)
         hint = "write one with papa-surgery calibrate"
         if path.is_dir():
@@ -191,7 +196,7 @@ class Constants:
                 " (a checkpoint's constants are inside its model; convert its source instead)"
             )
         if not path.is_file():
-            raise ValueError(f"constants file {str(path)!r} does not exist")
+            raise FileNotFoundError(f"constants file {str(path)!r} does not exist")
         try:
             with safe_open(str(path), framework="pt") as f:
                 meta = f.metadata() or {}

@@ -15,12 +15,11 @@ from __future__ import annotations
 
 import math
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
 from torch import nn
-from tqdm.auto import tqdm
 
 from . import __version__
 from .architectures import num_heads_layers
@@ -29,10 +28,10 @@ from .convert import build_papa_model, papa_config
 from .hub_code.modeling_papa import attention_modules
 from .loading import public_name
 from .probe.data import load_split
-from .probe.features import IGNORE, encode_split, pad_batch
+from .probe.features import encode_split, pad_batch
 from .probe.heads import build_head
 from .probe.tasks import MLM, Task, get_task
-from .probe.train import batch_labels, epoch_batches
+from .probe.train import fit
 from .ranking import Ranking, order_by_scores
 
 
@@ -92,6 +91,43 @@ def set_lambda_logits(mixed: nn.Module, value: float | torch.Tensor) -> None:
             param.copy_(value[layer] if isinstance(value, torch.Tensor) else torch.full_like(param, float(value)))
 
 
+@dataclass(frozen=True)
+class LambdaOptions:
+    """How the lambdas are trained (:func:`fit_lambdas`, :func:`train_lambdas`); ``None`` means the task's default.
+
+    Attributes:
+        steps: stop after this many optimiser steps (default: ``epochs`` full epochs).
+        epochs: passes over the train split (default: the task's App. B epochs); ignored when ``steps`` is set.
+        lr: the probe's learning rate (default: the task's).
+        lambda_lr: the lambdas' learning rate (default: ``lr``, as the paper trains both together).
+        batch_size: examples per step (default: the task's).
+        seed: seeds the probe's initialisation, dropout and batch order (global RNG state is left untouched).
+        max_train_examples: keep only the first examples of the train split.
+        device: where to train (default: where the model is).
+        progress: a tqdm bar over training steps.
+    """
+
+    steps: int | None = None
+    epochs: int | None = None
+    lr: float | None = None
+    lambda_lr: float | None = None
+    batch_size: int | None = None
+    seed: int = 0
+    max_train_examples: int | None = None
+    device: str | torch.device | None = None
+    progress: bool = True
+
+    @classmethod
+    def of(cls, options: LambdaOptions | None = None, **overrides) -> LambdaOptions:
+        """``options`` (default: all defaults) with ``overrides`` replaced; TypeError on an unknown name."""
+        return replace(options or cls(), **overrides)
+
+    def resolved(self, task: Task) -> LambdaOptions:
+        """The task's App. B defaults filled in for ``lr``, ``lambda_lr`` and ``batch_size``."""
+        lr = self.lr or task.lr
+        return replace(self, lr=lr, lambda_lr=self.lambda_lr or lr, batch_size=self.batch_size or task.batch_size)
+
+
 @dataclass
 class LambdaFit:
     """What :func:`fit_lambdas` did: the trained probe head and the run's facts."""
@@ -116,47 +152,32 @@ def fit_lambdas(
     tokenizer,
     task: str | Task,
     data_dir: str | Path | None = None,
-    *,
-    steps: int | None = None,
-    epochs: int | None = None,
-    lr: float | None = None,
-    lambda_lr: float | None = None,
-    batch_size: int | None = None,
-    seed: int = 0,
-    max_train_examples: int | None = None,
-    device=None,
-    progress: bool = True,
+    options: LambdaOptions | None = None,
+    **overrides,
 ) -> LambdaFit:
     """Train ``mixed``'s lambdas (in place) jointly with a fresh probe on the task's train split.
 
     Only the lambda logits and the probe get gradients: the backbone runs in eval mode with
     ``requires_grad=False`` (no dropout), the constants are buffers. The backbone runs every step (lambda
-    changes the attention, so no feature cache).
+    changes the attention, so no feature cache); the loop is the probe's (:func:`papa_surgery.probe.train.fit`).
 
     Args:
         mixed: a model from :func:`lambda_model`.
         tokenizer: the source tokenizer.
         task: a registered probe task (sentence or token kind) or a :class:`Task`.
         data_dir: a local folder laid out like ``../shared/data``; ``None`` reads the Hub dataset.
-        steps: stop after this many optimiser steps (default: ``epochs`` full epochs).
-        epochs: passes over the train split (default: the task's App. B epochs); ignored when ``steps`` is set.
-        lr: the probe's learning rate (default: the task's).
-        lambda_lr: the lambdas' learning rate (default: ``lr``, as the paper trains both together).
-        batch_size: examples per step (default: the task's).
-        seed: seeds the probe's initialisation, dropout and batch order (global RNG state is left untouched).
-        max_train_examples: keep only the first examples of the train split.
-        device: where to train (default: where ``mixed`` is).
-        progress: a tqdm bar over training steps.
+        options: a :class:`LambdaOptions`; ``overrides`` replace single fields (``steps=10``).
     """
     task = get_task(task)
     if task.kind == MLM:
         raise ValueError("the lambda ranking needs a labelled task (sentence or token kind), not 'mlm'")
+    opts = LambdaOptions.of(options, **overrides).resolved(task)
     params = lambda_parameters(mixed)
     length = int(mixed.config.papa_max_length)
-    if device is not None:
-        mixed.to(device)
+    if opts.device is not None:
+        mixed.to(opts.device)
     device = params[0].device
-    split = load_split(task, "train", data_dir, max_train_examples)
+    split = load_split(task, "train", data_dir, opts.max_train_examples)
     calibrated_pairs = mixed.config.papa_calibrated_on == "pairs"
     if task.kind != "token" and calibrated_pairs != task.pairs:
         warnings.warn(
@@ -169,14 +190,8 @@ def fit_lambdas(
     sep_id = sep_id if sep_id is not None else tokenizer.sep_token_id
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     enc = encode_split(tokenizer, split.texts, split.labels, task.kind, task.pairs, length, sep_id)
-    batch_size = batch_size or task.batch_size
-    lr = lr or task.lr
-    lambda_lr = lambda_lr or lr
-    per_epoch = math.ceil(len(enc) / batch_size)
-    if steps is None:
-        steps = per_epoch * (task.epochs if epochs is None else epochs)
-    if steps < 0:
-        raise ValueError(f"steps must be >= 0, got {steps}")
+    per_epoch = math.ceil(len(enc) / opts.batch_size)
+    steps = per_epoch * (task.epochs if opts.epochs is None else opts.epochs) if opts.steps is None else opts.steps
 
     mixed.eval()  # frozen backbone: no dropout; only the probe head trains
     for param in mixed.parameters():
@@ -185,39 +200,27 @@ def fit_lambdas(
         param.requires_grad_(True)
     cfg = mixed.config
     layers, hidden = cfg.num_hidden_layers + 1, cfg.hidden_size
-    loss_fn = nn.CrossEntropyLoss(ignore_index=IGNORE)
-    loss_value = None
-    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-        torch.manual_seed(seed)
-        head = build_head(task.kind, layers, hidden, length, task.num_labels).to(device).train()
-        optimizer = torch.optim.AdamW(
-            [{"params": head.parameters()}, {"params": params, "lr": lambda_lr, "weight_decay": 0.0}], lr=lr
-        )
-        generator = torch.Generator().manual_seed(seed)
-        bar = tqdm(total=steps, desc=f"lambda ({task.name})", disable=not progress, unit="step")
-        done = 0
-        while done < steps:
-            for index in epoch_batches(enc.lengths, batch_size, generator):
-                if done >= steps:
-                    break
-                batch = pad_batch(enc, index, pad_id)
-                feats = _features(mixed, batch, device)  # (B, N, Ly, H)
-                slots = batch["slots"].to(device)  # (B, N)
-                target = batch_labels(enc.labels, index, slots.shape[1], task.kind).to(device)
-                logits = head(feats, slots)  # (B, C) or (B, N, C)
-                loss = loss_fn(logits.reshape(-1, logits.shape[-1]), target.reshape(-1))
-                optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                optimizer.step()
-                done += 1
-                bar.update(1)
-                if done % 10 == 0 or done == steps:
-                    loss_value = float(loss.item())
-                    bar.set_postfix(loss=f"{loss_value:.4f}")
-        bar.close()
-    for param in params:
-        param.requires_grad_(False)
-    head.eval()
+
+    def features(index: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        batch = pad_batch(enc, index, pad_id)
+        return _features(mixed, batch, device), batch["slots"].to(device)  # (B, N, Ly, H), (B, N)
+
+    try:
+        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+            torch.manual_seed(opts.seed)
+            head = build_head(task.kind, layers, hidden, length, task.num_labels).to(device)
+            optimizer = torch.optim.AdamW(
+                [{"params": head.parameters()}, {"params": params, "lr": opts.lambda_lr, "weight_decay": 0.0}],
+                lr=opts.lr,
+            )
+            done, loss_value = fit(
+                head, features, enc.lengths, enc.labels, task.kind, optimizer,
+                batch_size=opts.batch_size, steps=steps, seed=opts.seed, progress=opts.progress,
+                desc=f"lambda ({task.name})",
+            )  # fmt: skip
+    finally:
+        for param in params:
+            param.requires_grad_(False)
     return LambdaFit(head, done, round(done / max(per_epoch, 1), 4), len(enc), split.source, loss_value)
 
 
@@ -227,56 +230,35 @@ def train_lambdas(
     constants: Constants,
     task: str | Task,
     data_dir: str | Path | None = None,
+    options: LambdaOptions | None = None,
     *,
-    steps: int | None = None,
-    epochs: int | None = None,
-    lr: float | None = None,
-    lambda_lr: float | None = None,
-    batch_size: int | None = None,
-    seed: int = 0,
-    max_train_examples: int | None = None,
-    device=None,
-    progress: bool = True,
     source_name: str | None = None,
+    **overrides,
 ) -> Ranking:
     """The ``lambda`` ranking of ``model`` on ``task`` (paper section 3.2); the source is not changed.
 
-    Trains lambdas with a probe (see :func:`fit_lambdas` for the options) and orders every head by
-    ascending lambda (least input-dependent first), ties broken by (layer, head). ``Ranking.scores`` holds
-    the lambda of each head in that order; the provenance records task, data, seed, steps and the source.
+    Trains lambdas with a probe (:func:`fit_lambdas`; ``options`` / ``overrides`` as there) and orders every
+    head by ascending lambda (least input-dependent first), ties broken by (layer, head). ``Ranking.scores``
+    holds the lambda of each head in that order; the provenance records task, data, seed, steps and the source.
     """
     task = get_task(task)
+    opts = LambdaOptions.of(options, **overrides).resolved(task)
     mixed = lambda_model(model, constants, tokenizer)
-    fit = fit_lambdas(
-        mixed,
-        tokenizer,
-        task,
-        data_dir,
-        steps=steps,
-        epochs=epochs,
-        lr=lr,
-        lambda_lr=lambda_lr,
-        batch_size=batch_size,
-        seed=seed,
-        max_train_examples=max_train_examples,
-        device=device,
-        progress=progress,
-    )
+    fit_result = fit_lambdas(mixed, tokenizer, task, data_dir, opts)
     lambdas = lambda_values(mixed)  # (layers, heads)
     order, scores = order_by_scores(lambdas.tolist(), ascending=True)
     num_heads, num_layers = num_heads_layers(model.config)
-    lr = lr or task.lr
     provenance = {
         "task": task.name,
-        "data": fit.data,
-        "examples": fit.examples,
-        "seed": seed,
-        "steps": fit.steps,
-        "epochs": fit.epochs,
-        "lr": lr,
-        "lambda_lr": lambda_lr or lr,
-        "batch_size": batch_size or task.batch_size,
-        "final_loss": fit.loss,
+        "data": fit_result.data,
+        "examples": fit_result.examples,
+        "seed": opts.seed,
+        "steps": fit_result.steps,
+        "epochs": fit_result.epochs,
+        "lr": opts.lr,
+        "lambda_lr": opts.lambda_lr,
+        "batch_size": opts.batch_size,
+        "final_loss": fit_result.loss,
         "source_model": public_name(source_name or getattr(model.config, "_name_or_path", None)),
         "constants": {
             "kind": constants.kind,

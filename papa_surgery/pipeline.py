@@ -140,7 +140,8 @@ def obtain_ranking(
     model, tokenizer, rank: RankOptions, constants, run: RunOptions, source: str, cal=None, progress=True
 ):
     """A ranking from a file, or made with ``rank.method`` (default: lambda with a task, else variance)."""
-    from .ranking import Ranking, check_rank_inputs, rank_heads
+    from .rank_methods import rank_heads
+    from .ranking import Ranking, check_rank_inputs
 
     if rank.ranking:
         if rank.method:

@@ -1,12 +1,14 @@
 """Head rankings: which heads to make constant first (paper 3.2 and 5.4).
 
 A ``Ranking`` orders every head of the model globally, across layers, from the first to replace to
-the last; ``--fraction f`` takes the first ``round(f * total)`` heads. Methods:
+the last; ``--fraction f`` takes the first ``round(f * total)`` heads (:func:`head_count`). This module is
+a leaf: the object, its file format and the helpers every strategy shares. The strategies and their
+dispatch (``rank_methods.py``, ``lambda_rank.py``) sit above it. Methods:
 
-- ``lambda`` (paper 3.2): learned mixing weights, smallest lambda first (see ``lambda_rank.py``);
+- ``lambda`` (paper 3.2): learned mixing weights, smallest lambda first;
 - ``reversed-lambda``: largest lambda first (the paper's "Reversed");
 - ``variance``: the label-free input-dependence score from calibration, lowest first;
-- ``norm``: the smallest mean contribution ||alpha f|| first (Kobayashi et al. 2020; ``analysis``);
+- ``norm``: the smallest mean contribution ||alpha f|| first (Kobayashi et al. 2020);
 - ``first-to-last`` / ``last-to-first``: layer order, in-layer head order inside;
 - ``random``: a seeded permutation.
 """
@@ -16,12 +18,8 @@ from __future__ import annotations
 import difflib
 import json
 import math
-import random
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-
-from . import __version__
-from .loading import public_name
 
 METHODS = ("lambda", "reversed-lambda", "variance", "norm", "first-to-last", "last-to-first", "random")
 LABEL_FREE_METHODS = ("variance", "norm", "first-to-last", "last-to-first", "random")
@@ -41,6 +39,11 @@ def check_fraction(fraction: float) -> float:
     if not isinstance(fraction, (int, float)) or math.isnan(fraction) or not 0.0 <= fraction <= 1.0:
         raise ValueError(f"--fraction must be between 0 and 1 (the share of heads made constant), got {fraction}")
     return float(fraction)
+
+
+def head_count(fraction: float, total: int) -> int:
+    """How many of ``total`` heads ``fraction`` makes constant: ``fraction * total`` rounded half up."""
+    return int(math.floor(check_fraction(fraction) * total + 0.5))
 
 
 @dataclass
@@ -77,7 +80,7 @@ class Ranking:
 
     def count(self, fraction: float) -> int:
         """How many heads ``fraction`` makes constant: round half up of ``fraction * total``."""
-        return int(math.floor(check_fraction(fraction) * self.total + 0.5))
+        return head_count(fraction, self.total)
 
     def select(self, fraction: float) -> list[list[int]]:
         """The heads made constant at ``fraction``, sorted by (layer, head)."""
@@ -102,15 +105,21 @@ class Ranking:
 
     @classmethod
     def load(cls, path: str | Path) -> Ranking:
-        """Read a file written by :meth:`save`; ValueError naming the file, the bad field and the fix."""
+        """Read a file written by :meth:`save`.
+
+        Raises:
+            FileNotFoundError: no such file.
+            ValueError: the file is not a papa-surgery ranking, or not one of a complete model (naming the file,
+                the bad field and the fix).
+        """
         path = Path(path)
         hint = "make one with papa-surgery rank"
         if path.is_dir():
             raise ValueError(f"--ranking {str(path)!r} is a folder; pass the .json file papa-surgery rank wrote")
+        if not path.is_file():
+            raise FileNotFoundError(f"ranking file {str(path)!r} does not exist ({hint})")
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            raise ValueError(f"ranking file {str(path)!r} does not exist") from None
         except UnicodeDecodeError as err:
             raise ValueError(f"ranking file {str(path)!r} is not UTF-8 text ({err.reason}); {hint}") from None
         except json.JSONDecodeError as err:
@@ -166,32 +175,6 @@ def order_by_scores(scores, ascending: bool = True) -> tuple[list[list[int]], li
     return [[layer, head] for _, layer, head in flat], [s for s, _, _ in flat]
 
 
-def label_free_ranking(method: str, num_layers: int, num_heads: int, constants=None, seed: int = 0) -> Ranking:
-    """A ranking that needs no labels: variance, first-to-last, last-to-first, random."""
-    check_method(method)
-    prov = {"papa_surgery_version": __version__}
-    scores = None
-    if method == "variance":
-        if constants is None or constants.variance is None:
-            raise ValueError("the variance ranking needs calibrated (average) constants with their variance scores")
-        order, scores = order_by_scores(constants.variance.tolist())
-        prov.update(corpus=constants.metadata.get("corpus"), source_model=constants.metadata.get("source_model"))
-    elif method in ("first-to-last", "last-to-first"):
-        layers = range(num_layers) if method == "first-to-last" else reversed(range(num_layers))
-        order = [[layer, head] for layer in layers for head in range(num_heads)]
-    elif method == "norm":  # Kobayashi et al. 2020: smallest mean ||alpha f|| first (norm-average constants)
-        from .analysis import norm_ranking
-
-        return norm_ranking(constants)
-    elif method == "random":
-        order = [[layer, head] for layer in range(num_layers) for head in range(num_heads)]
-        random.Random(seed).shuffle(order)
-        prov["seed"] = seed
-    else:
-        raise ValueError(f"the {method!r} ranking is learned on a labelled task: pass --task (see papa-surgery rank)")
-    return Ranking(method, order, num_layers, num_heads, scores, prov)
-
-
 def reversed_ranking(ranking: Ranking) -> Ranking:
     """``reversed-lambda``: the lambda ranking read from the largest lambda down."""
     scores = None if ranking.scores is None else list(reversed(ranking.scores))
@@ -213,59 +196,3 @@ def check_rank_inputs(method: str, task=None) -> str:
             f"label-free method ({', '.join(LABEL_FREE_METHODS)})"
         )
     return method
-
-
-def rank_heads(
-    method: str,
-    model,
-    tokenizer=None,
-    constants=None,
-    task=None,
-    data_dir=None,
-    seed: int = 0,
-    **lambda_options,
-) -> Ranking:
-    """Rank every head of ``model`` with ``method`` (the library call behind ``papa-surgery rank``).
-
-    Args:
-        method: one of ``METHODS`` (a misspelling gets a suggestion).
-        model: the source model (never changed).
-        tokenizer: its tokenizer (``lambda`` / ``reversed-lambda``).
-        constants: calibrated ``Constants`` of this model: needed by ``variance``, ``lambda`` and
-            ``reversed-lambda``.
-        task, data_dir: the labelled probe task (and local data folder) the lambdas are trained on.
-        seed: the ``random`` permutation's seed; the lambda probe's seed.
-        **lambda_options: passed to :func:`papa_surgery.lambda_rank.train_lambdas` (steps, epochs, lr,
-            lambda_lr, batch_size, max_train_examples, device, progress, source_name); the label-free
-            methods ignore them (``source_name`` aside), so a caller may pass the same options to every method.
-
-    Raises:
-        ValueError: unknown method (with a suggestion); ``lambda`` without a task; missing constants, or
-            constants for another model shape.
-    """
-    from .architectures import num_heads_layers
-
-    check_method(method)
-    num_heads, num_layers = num_heads_layers(model.config)
-    source_name = lambda_options.get("source_name") or getattr(model.config, "_name_or_path", None) or None
-    if constants is not None:
-        constants.check_compatible(model.config)
-    if method in LABEL_FREE_METHODS:  # lambda_options (steps, device, progress...) do not apply: ignored
-        ranking = label_free_ranking(method, num_layers, num_heads, constants=constants, seed=seed)
-        prov = ranking.provenance
-        prov.setdefault("task", None)
-        if prov.get("source_model") is None:
-            prov["source_model"] = public_name(source_name)
-        return ranking
-    check_rank_inputs(method, task)
-    if constants is None:
-        raise ValueError(
-            f"the {method!r} ranking mixes each head with its constant matrix: pass --constants FILE "
-            "(make one with papa-surgery calibrate)"
-        )
-    if tokenizer is None:
-        raise ValueError(f"the {method!r} ranking needs the model's tokenizer to read the task's data")
-    from .lambda_rank import train_lambdas
-
-    ranking = train_lambdas(model, tokenizer, constants, task, data_dir, seed=seed, **lambda_options)
-    return reversed_ranking(ranking) if method == "reversed-lambda" else ranking

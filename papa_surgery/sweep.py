@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import math
 import re
 from pathlib import Path
 
@@ -128,9 +127,9 @@ class _Sweep:
                     if spec not in (TASK_CORPUS, DEFAULT_CORPUS) and not spec.startswith(TASK_CORPUS + ":"):
                         self.open_corpus(spec, task)
         if not self.is_papa and any(m in ("lambda", "reversed-lambda") for m in cfg.methods):
-            from . import ranking
+            from . import rank_methods
 
-            if not hasattr(ranking, "rank_heads"):
+            if not hasattr(rank_methods, "rank_heads"):
                 raise ValueError(
                     "the lambda ranking is not available in this papa-surgery build; use --method variance"
                 )
@@ -199,6 +198,7 @@ class _Sweep:
 
     # ---------------------------------------------------------------------------------------- ranking
     def ranking(self, method: str, spec: str, task, length: int, seed: int):
+        from . import rank_methods
         from . import ranking as ranking_mod
 
         seeded = method in SEEDED_METHODS
@@ -228,7 +228,7 @@ class _Sweep:
                     source_name=self.config.model_name,
                 )
                 opts.update(self.config.rank_options)
-            ranking = ranking_mod.rank_heads(
+            ranking = rank_methods.rank_heads(
                 method,
                 self.model,
                 tokenizer=self.tokenizer,
@@ -248,6 +248,7 @@ class _Sweep:
     def run_cell(self, cell: dict, task) -> dict:
         from .convert import convert
         from .probe import FeatureCache
+        from .ranking import head_count
 
         cfg = self.config
         length = self.length(task)
@@ -259,7 +260,7 @@ class _Sweep:
             cell["seed"],
         )
         total = self.total_heads
-        count = int(math.floor(fraction * total + 0.5))
+        count = head_count(fraction, total)
         # Fraction 0 and 1 need no ranking (no head / every head); other fractions take the ranking's first heads.
         if count == 0:
             heads = []

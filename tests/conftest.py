@@ -1,18 +1,15 @@
 """Shared fixtures: tiny local models of every supported family, local tokenizers, the real MiniLM.
 
 Nothing here touches the network: the Hub is switched off at import, tokenizers are built with the
-``tokenizers`` library from the words of the shared SST-2 dev split, and models are randomly
+``tokenizers`` library from a fixed word list shipped in ``tests/data/``, and models are randomly
 initialised from their family's config class (hidden 32, 2 layers, 4 heads).
 """
 
 from __future__ import annotations
 
 import copy
-import csv
 import os
-import re
 import types
-from collections import Counter
 from pathlib import Path
 
 os.environ["HF_HUB_OFFLINE"] = "1"
@@ -27,7 +24,6 @@ ROBERTA_STYLE = {"roberta", "xlm-roberta", "mpnet"}
 NO_TOKEN_TYPES = {"distilbert", "mpnet", "roberta", "xlm-roberta"}
 
 HIDDEN, LAYERS, HEADS, INTERMEDIATE, MAX_POSITIONS = 32, 2, 4, 37, 96
-VOCAB_WORDS = 600  # most frequent SST-2 dev words; the rest map to the unknown token
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -54,16 +50,22 @@ def shared_data_dir() -> Path:
     return Path(os.environ.get("PAPA_SHARED_DATA", REPO_ROOT.parent / "shared" / "data"))
 
 
+def needs_shared_data(*parts: str) -> pytest.MarkDecorator:
+    """Skip a real-data test, naming the folder it needs, when ``shared_data_dir() / parts`` is missing."""
+    path = shared_data_dir().joinpath(*parts)
+    return pytest.mark.skipif(
+        not path.exists(),
+        reason=f"real data not found at {path}: put the shared data folder at ../shared/data beside the "
+        "repository or set PAPA_SHARED_DATA=/path/to/data",
+    )
+
+
 def _vocab_words() -> list[str]:
-    counts: Counter = Counter()
-    path = shared_data_dir() / "glue" / "sst2" / "dev.tsv"
-    if path.exists():
-        with open(path, newline="", encoding="utf-8") as f:
-            for row in csv.DictReader(f, delimiter="\t", quoting=csv.QUOTE_NONE):
-                counts.update(re.findall(r"\w+|[^\w\s]", row["sentence"].lower()))
-    for text in SENTENCES + [s for p in PAIRS for s in p]:  # the fixed examples are always covered
-        counts.update(re.findall(r"\w+|[^\w\s]", text.lower()))
-    return [w for w, _ in counts.most_common(VOCAB_WORDS)]
+    """The test tokenizers' words, most frequent first: ``tests/data/vocab_words.txt``, the 600 most frequent
+    words of the SST-2 dev split, frozen into the repository so that a clone without ``../shared`` builds the
+    same tokenizers as CI. Other words map to the unknown token."""
+    path = Path(__file__).parent / "data" / "vocab_words.txt"
+    return [w for w in path.read_text(encoding="utf-8").split("\n") if w]
 
 
 def build_tokenizer(style: str, out_dir: Path, token_types: bool = True):

@@ -17,12 +17,12 @@ from papa_surgery.analysis import (
     attention_norms,
     effective_attentions,
     head_projections,
-    norm_ranking,
     output_projection_modules,
 )
 from papa_surgery.analysis.capture import needs_output_attentions, recording
 from papa_surgery.analysis.effective import effective_attention
 from papa_surgery.encoding import model_inputs
+from papa_surgery.rank_methods import norm_ranking
 
 FAMILIES = ["bert", "roberta", "distilbert", "mpnet", "deberta", "deberta-v2"]
 TEXTS = [
@@ -302,15 +302,16 @@ def test_new_kinds_and_norm_ranking_through_convert_save_and_fresh_load(tiny, tm
 
 @pytest.mark.parametrize("which", ["norms", "effective"])
 def test_analyze_writes_summaries_and_figures(tiny, tmp_path, which):
-    from papa_surgery.analysis import analyze
-    from papa_surgery.constants import Constants
-    from papa_surgery.ranking import Ranking
+    from papa_surgery import Constants, Ranking, analyze
 
     model, tok = tiny.model("roberta"), tiny.tokenizer("roberta")
+    model.train()
     summary = analyze(model, tok, CORPUS, which, tmp_path, max_length=L, batch_size=4, progress=False)
+    assert model.training  # the caller's mode is put back
     for name in summary["files"]:
         assert (tmp_path / name).stat().st_size > 0, name
     saved = json.loads((tmp_path / "summary.json").read_text())
+    assert saved["files"] == summary["files"] and ("norm-ranking.json" in saved["files"]) == (which == "norms")
     assert len(saved["layers"]) == 2 and len(saved["heads"]) == 8
     for item in saved["layers"]:
         assert abs(sum(item["attention_share"].values()) - 1) < 1e-6

@@ -122,7 +122,8 @@ def _qk_rows(module, family) -> dict[str, int | None]:
 def test_constant_heads_drop_query_key(tiny_model, tiny_tokenizer, case):
     src, tok = source_and_tokenizer(tiny_model, tiny_tokenizer, case)
     family = family_for(src.config.model_type)
-    model = make_papa(src, MIXED, make_constants("random", LAYERS, HEADS, L), L, tok.sep_token_id)
+    constants = make_constants("random", LAYERS, HEADS, L)
+    model = make_papa(src, MIXED, constants, L, tok.sep_token_id)
     d = 32 // HEADS
     first, second = attention_modules(model)
     assert (first.papa_heads.kept, first.papa_heads.const) == ((0, 2), (1, 3))
@@ -145,10 +146,17 @@ def test_constant_heads_drop_query_key(tiny_model, tiny_tokenizer, case):
     if family.model_type != "deberta":
         assert getattr(second, v).weight.shape[0] == 32
 
+    # Dropping the constant heads' query/key rows changes no output: the unpruned model (every head in both
+    # sets, lambda 1 for the kept heads and 0 for the constant ones) computes the same thing.
+    everything = [[layer, h] for layer in range(LAYERS) for h in range(HEADS)]
+    unpruned = make_papa(src, everything, constants, L, tok.sep_token_id, kept_heads=everything)
+    with torch.no_grad():
+        for layer, m in enumerate(attention_modules(unpruned)):
+            m.papa_lambda_logits.copy_(torch.tensor([-50.0 if [layer, h] in MIXED else 50.0 for h in range(HEADS)]))
     for pairs in (False, True):
         enc = encode(tok, pairs)
         out = run(model, enc).last_hidden_state
-        assert torch.isfinite(out).all()
+        assert max_diff_real(out, run(unpruned, enc).last_hidden_state, enc["attention_mask"]) <= TOL
     # Nothing of the source changed.
     assert all(type(m).__name__ == family.attention_class for m in attention_modules(src))
 

@@ -16,7 +16,7 @@ from papa_surgery.constants import Constants
 from papa_surgery.convert import convert, save_checkpoint
 from papa_surgery.hub_code.families import FAMILIES
 from papa_surgery.hub_code.modeling_papa import attention_modules
-from papa_surgery.ranking import label_free_ranking
+from papa_surgery.rank_methods import label_free_ranking
 
 FAMILY_TYPES = sorted(FAMILIES)
 L = 16
@@ -293,7 +293,13 @@ def test_trainer_fine_tunes_with_frozen_or_trainable_constants(tiny, tmp_path):
         model = AutoModelForSequenceClassification.from_pretrained(
             ckpt, trust_remote_code=True, num_labels=3, papa_trainable_constants=trainable
         )
-        consts = {n: p.detach().clone() for n, p in model.named_parameters() if n.endswith("papa_constants")}
+        # Frozen constants are persistent buffers, trainable ones parameters: read both through the state dict.
+        consts = {n: t.clone() for n, t in model.state_dict().items() if n.endswith("papa_constants")}
+        assert len(consts) == 2  # HEADS spans both layers
+        params = {n for n, p in model.named_parameters() if p.requires_grad}
+        buffers = {n for n, _ in model.named_buffers()}
+        home, other = (params, buffers) if trainable else (buffers, params)
+        assert set(consts) <= home and not set(consts) & other
         value = model.bert.encoder.layer[0].attention.self.value.weight.detach().clone()
         args = TrainingArguments(
             output_dir=str(tmp_path / f"run{trainable}"),
@@ -305,6 +311,7 @@ def test_trainer_fine_tunes_with_frozen_or_trainable_constants(tiny, tmp_path):
             use_cpu=True,
         )
         Trainer(model=model, args=args, train_dataset=data, processing_class=tok).train()
-        changed = [not torch.equal(p.detach(), consts[n]) for n, p in model.named_parameters() if n in consts]
-        assert all(changed) if trainable else not any(changed)
+        after = {n: t for n, t in model.state_dict().items() if n in consts}
+        changed = [not torch.equal(after[n], consts[n]) for n in consts]
+        assert len(after) == len(consts) and (all(changed) if trainable else not any(changed))
         assert not torch.equal(model.bert.encoder.layer[0].attention.self.value.weight.detach(), value)

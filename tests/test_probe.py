@@ -8,6 +8,7 @@ import random
 
 import pytest
 import torch
+from metric_values import is_accuracy_of, is_f1_of
 
 from papa_surgery.probe import SentenceProbe, TokenProbe, probe
 from papa_surgery.probe.features import FeatureStore, encode_split
@@ -142,10 +143,17 @@ def test_probe_sentence_task_is_reproducible(tiny_model, tiny_tokenizer, data_di
 def test_probe_pairs_token_tasks_and_streaming(tiny_model, tiny_tokenizer, data_dir):
     model, tok = tiny_model("roberta"), tiny_tokenizer("roberta")
     mrpc = probe(model, tok, "mrpc", data_dir=data_dir, max_length=48, max_train_examples=20, **QUICK)
-    assert mrpc["metric"] == "f1" and mrpc["examples"] == 20 and 0.0 <= mrpc["score"] <= 1.0
+    assert mrpc["metric"] == "f1" and mrpc["examples"] == 20 and mrpc["eval_examples"] == 20
+    dev = (data_dir / "glue/mrpc/dev.tsv").read_text().splitlines()[1:]
+    positives = sum(line.startswith("1\t") for line in dev)
+    assert is_f1_of(mrpc["score"], gold=positives, most_predicted=len(dev)), mrpc["score"]  # F1 of the dev split
     bert, btok = tiny_model("bert"), tiny_tokenizer("bert")
     ner = probe(bert, btok, "ner", data_dir=data_dir, max_length=32, batch_size=8, **QUICK)
-    assert ner["metric"] == "seqeval_f1" and ner["steps"] == 2 * 6 and 0.0 <= ner["score"] <= 1.0
+    assert ner["metric"] == "seqeval_f1" and ner["steps"] == 2 * 6
+    valid = (data_dir / "conll2003/valid.txt").read_text().splitlines()
+    entities = sum(line.endswith("B-LOC") for line in valid)
+    words = sum(line.endswith((" O", "-LOC")) for line in valid)
+    assert is_f1_of(ner["score"], gold=entities, most_predicted=words), ner["score"]  # entity F1 of the valid split
     cached = probe(bert, btok, "sst2", data_dir=data_dir, **QUICK)
     streamed = probe(bert, btok, "sst2", data_dir=data_dir, cache_gb=0, **QUICK)
     assert not streamed["cached"] and abs(streamed["score"] - cached["score"]) <= 0.05
@@ -254,3 +262,33 @@ def test_pseudo_perplexity_masks_one_token_at_a_time(tiny_model, tiny_tokenizer)
                 n += 1
     assert count == n
     assert total == pytest.approx(want, rel=1e-5)
+
+
+def test_probe_beats_chance_on_a_learnable_task_and_not_on_shuffled_labels(tiny_model, tiny_tokenizer, tmp_path):
+    """The label is one sentiment word among 1-4 fillers: even a random encoder's hidden states carry it, so the
+    probe must learn it; the same sentences with shuffled labels leave it near the majority baseline."""
+
+    def sentence(rng: random.Random) -> tuple[str, int]:
+        label = rng.randrange(2)
+        words = rng.choices(FILLER, k=rng.randrange(1, 5)) + [rng.choice(POSITIVE if label else NEGATIVE)]
+        rng.shuffle(words)
+        return " ".join(words), label
+
+    rng = random.Random(1)
+    rows = {"train": [sentence(rng) for _ in range(160)], "dev": [sentence(rng) for _ in range(64)]}
+    shuffled = [y for _, y in rows["train"]]
+    rng.shuffle(shuffled)
+    for root, train_labels in ((tmp_path / "real", None), (tmp_path / "shuffled", shuffled)):
+        (root / "glue/sst2").mkdir(parents=True)
+        for name, split in rows.items():
+            labels = train_labels if name == "train" and train_labels else [y for _, y in split]
+            text = "".join(f"{s}\t{y}\n" for (s, _), y in zip(split, labels, strict=True))
+            (root / f"glue/sst2/{name}.tsv").write_text("sentence\tlabel\n" + text)
+    majority = max(sum(y for _, y in rows["dev"]), sum(1 - y for _, y in rows["dev"])) / len(rows["dev"])
+    model, tok = tiny_model("bert"), tiny_tokenizer("bert")
+    options = dict(epochs=20, lr=1e-2, batch_size=16, max_length=16, progress=False)
+    learnt = probe(model, tok, "sst2", data_dir=tmp_path / "real", **options)
+    control = probe(model, tok, "sst2", data_dir=tmp_path / "shuffled", **options)
+    assert learnt["eval_examples"] == 64 and is_accuracy_of(learnt["score"], 64)
+    assert learnt["score"] >= majority + 0.3, (learnt["score"], majority)
+    assert control["score"] <= majority + 0.15 < learnt["score"], (control["score"], majority)

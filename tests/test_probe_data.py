@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import pytest
-from conftest import shared_data_dir
+from conftest import needs_shared_data, shared_data_dir
 
 from papa_surgery.probe import TASKS, get_task, load_split
 
 DATA = shared_data_dir()
-needs_data = pytest.mark.skipif(not DATA.is_dir(), reason="../shared/data is not available")
+needs_data = needs_shared_data()
 
 
 def _write(path, text):

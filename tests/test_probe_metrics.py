@@ -65,3 +65,11 @@ def test_shape_mismatch_and_unknown_metric():
         metrics.token_f1([[1, 2]], [[1]])
     with pytest.raises(ValueError, match="unknown metric"):
         metrics.score("bleu", [0], [0])
+
+
+def test_metric_value_checks_reject_scores_an_eval_set_cannot_give():
+    from metric_values import is_accuracy_of, is_f1_of
+
+    assert is_accuracy_of(13 / 16, 16) and not is_accuracy_of(0.8, 16)
+    assert is_f1_of(2 * 3 / (5 + 4), gold=5, most_predicted=20)  # TP 3 of 5 gold, 4 predicted
+    assert not is_f1_of(0.7, gold=5, most_predicted=20) and not is_f1_of(0.9, gold=4, most_predicted=20)

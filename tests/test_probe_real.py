@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from conftest import shared_data_dir
+from conftest import needs_shared_data, shared_data_dir
 
 from papa_surgery.probe import probe
 
@@ -12,7 +12,7 @@ MAJORITY_BASELINE = 444 / 872  # SST-2 dev: 444 positive of 872
 
 
 @pytest.mark.real
-@pytest.mark.skipif(not (DATA / "glue" / "sst2").is_dir(), reason="../shared/data/glue/sst2 is not available")
+@needs_shared_data("glue", "sst2")
 def test_minilm_sst2_far_above_majority_and_reproducible(minilm):
     model, tokenizer = minilm
     first = probe(model, tokenizer, "sst2", data_dir=DATA, seed=0, max_train_examples=2000, progress=False)

@@ -12,15 +12,14 @@ from conftest import SENTENCES, make_constants
 from papa_surgery.constants import Constants
 from papa_surgery.convert import constant_heads_of, convert
 from papa_surgery.encoding import encode
+from papa_surgery.rank_methods import label_free_ranking, rank_heads
 from papa_surgery.ranking import (
     LABEL_FREE_METHODS,
     METHODS,
     Ranking,
     check_method,
     check_rank_inputs,
-    label_free_ranking,
     order_by_scores,
-    rank_heads,
     reversed_ranking,
 )
 
@@ -196,7 +195,7 @@ def test_other_bad_inputs(tiny, tmp_path):
     assert (
         rank_heads("random", model, seed=1, steps=10, progress=False).order == rank_heads("random", model, seed=1).order
     )
-    with pytest.raises(ValueError, match="does not exist"):
+    with pytest.raises(FileNotFoundError, match="does not exist"):
         Ranking.load(tmp_path / "missing.json")
     (tmp_path / "other.json").write_text(json.dumps({"order": []}))
     with pytest.raises(ValueError, match="not a papa-surgery ranking"):

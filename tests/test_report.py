@@ -24,7 +24,13 @@ from papa_surgery.sweep import SweepConfig, run_sweep
 T95 = {1: 12.706, 2: 4.303, 4: 2.776, 9: 2.262, 29: 2.045}  # textbook two-sided 95% values
 
 
+T95_DF1 = math.tan(0.475 * math.pi)  # exact: Student's t with 1 degree of freedom is the Cauchy distribution
+T95_DF2 = (2 * 0.975 - 1) / math.sqrt(2 * 0.975 * 0.025)  # exact: the df = 2 quantile is (2p - 1) / sqrt(2p(1 - p))
+
+
 def test_t_critical_matches_the_textbook():
+    assert t_critical(1) == pytest.approx(T95_DF1, rel=1e-12)
+    assert t_critical(2) == pytest.approx(T95_DF2, rel=1e-12)
     for df, t in T95.items():
         assert t_critical(df) == pytest.approx(t, abs=1e-3)
     assert t_critical(60) == pytest.approx(2.000, abs=1e-3)
@@ -119,7 +125,7 @@ def test_report_numbers_equal_a_hand_computation_from_the_jsonl(sweep_results):
         mean = sum(scores) / 2
         sd = math.sqrt(sum((x - mean) ** 2 for x in scores) / 1)
         assert entry["mean"] == pytest.approx(mean, abs=1e-12)
-        assert entry["ci95"] == pytest.approx(12.7062 * sd / math.sqrt(2), abs=1e-9)
+        assert entry["ci95"] == pytest.approx(T95_DF1 * sd / math.sqrt(2), rel=1e-12)
     assert any(e["ci95"] > 0 for e in summary)  # seeds differ, so the intervals are not all degenerate
 
 
@@ -158,7 +164,7 @@ def test_constant_heat_maps_from_a_checkpoint(tiny, tmp_path):
 
 
 def test_bad_results_file(tmp_path):
-    with pytest.raises(ValueError, match="does not exist"):
+    with pytest.raises(FileNotFoundError, match="does not exist"):
         write_report(tmp_path / "nope.jsonl", tmp_path / "out")
     empty = tmp_path / "empty.jsonl"
     empty.write_text("")

@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 import random
 
 import pytest
+from metric_values import is_accuracy_of
 
-import papa_surgery.probe as probe_pkg
 from papa_surgery.results import cell_key, read_rows
 from papa_surgery.sweep import DEFAULT_FRACTIONS, SweepConfig, run_sweep
 
 POSITIVE = ["charming", "fun", "astounding", "affecting", "good", "great"]
 NEGATIVE = ["bleak", "desperate", "dull", "bad", "awful", "boring"]
+# The probe package whose ``probe`` the sweep calls (``papa_surgery.probe`` itself is the workflow function).
+probe_pkg = importlib.import_module("papa_surgery.probe")
 FILLER = ["the", "a", "movie", "is", "and", "journey", "acting", "music", "ride", "."]
 
 
@@ -100,7 +103,7 @@ def test_sweep_writes_one_line_per_cell_and_resumes(tiny_folder, data_dir, tmp_p
         for name in ("examples", "steps", "seconds", "papa_surgery_version", "corpus", "max_length"):
             assert name in r
         assert r["kept_fraction"] == pytest.approx(1 - r["fraction"])
-        assert r["metric"] == "accuracy" and 0.0 <= r["score"] <= 1.0
+        assert r["metric"] == "accuracy" and is_accuracy_of(r["score"], 16), r["score"]  # of the 16 dev sentences
         assert r["examples"] == 40 and r["max_length"] == 32 and r["corpus"] == "task"
         assert r["constant_heads"] == (8 if r["fraction"] == 1.0 else 0)
     attention_free = [r for r in rows if r["fraction"] == 1.0]
@@ -225,7 +228,7 @@ def test_analysis_kinds_and_norm_ranking_in_a_sweep(tiny_folder, data_dir, tmp_p
         ("norm-average", "norm", 4),
         ("effective-average", "norm", 4),
     ]
-    assert all(0.0 <= r["score"] <= 1.0 for r in rows)
+    assert all(is_accuracy_of(r["score"], 16) for r in rows)  # accuracies over the 16 dev sentences
     from papa_surgery.constants import Constants
     from papa_surgery.ranking import Ranking
 
@@ -234,3 +237,17 @@ def test_analysis_kinds_and_norm_ranking_in_a_sweep(tiny_folder, data_dir, tmp_p
     assert kinds == ["effective-average", "norm-average"]  # the norm ranking reused the norm-average pass
     (ranking,) = [Ranking.load(p) for p in artifacts if p.suffix == ".json"]
     assert ranking.method == "norm" and ranking.scores == sorted(ranking.scores)
+
+
+def test_lambda_methods_in_a_sweep(tiny_folder, data_dir, tmp_path):
+    """lambda and reversed-lambda run through the sweep's preflight and share one lambda training."""
+    cfg = config(
+        tiny_folder("bert"), data_dir, fractions=(0.5,), seeds=1, methods=("lambda", "reversed-lambda"),
+        rank_options={"steps": 2},
+    )  # fmt: skip
+    rows = run_sweep(cfg, tmp_path / "r.jsonl", progress=False)
+    assert [(r["method"], r["constant_heads"]) for r in rows] == [("lambda", 4), ("reversed-lambda", 4)]
+    from papa_surgery.ranking import Ranking
+
+    rankings = [Ranking.load(p) for p in sorted((tmp_path / "r.artifacts").glob("*.json"))]
+    assert [(r.method, r.provenance["steps"]) for r in rankings] == [("lambda", 2)]  # reversed-lambda reads it back

@@ -1,8 +1,9 @@
 """Norm-based attention (Kobayashi et al. 2020) and effective attention (Brunner et al. 2020; Sun & Marasovic 2021).
 
 As analyses (:func:`analyze`: per-head JSON summaries and figures) and as PAPA variants: constant kinds
-``norm-average`` and ``effective-average`` (:func:`analysis_constants`) and the ``norm`` ranking
-(:func:`norm_ranking`).
+``norm-average`` and ``effective-average`` (:func:`analysis_constants`) and the score table of the ``norm``
+ranking (:func:`norm_scores`; ``papa_surgery.rank_methods.norm_ranking`` makes the ranking). Analyses
+return score tables and never import ``ranking``.
 """
 
 from .effective import effective_attention, effective_attentions
@@ -17,7 +18,7 @@ from .streaming import (
     corpus_constants,
     effective_constants,
     norm_constants,
-    norm_ranking,
+    norm_scores,
     stream,
 )
 from .summary import analyze
@@ -37,7 +38,7 @@ __all__ = [
     "effective_constants",
     "head_projections",
     "norm_constants",
-    "norm_ranking",
+    "norm_scores",
     "norm_weighted",
     "output_projection_modules",
     "stream",

@@ -13,29 +13,13 @@ V_h R_h^T (W_O^h^T = Q_h R_h), which has the same left singular vectors and valu
 
 from __future__ import annotations
 
-from contextlib import contextmanager
-
 import torch
 
 from .capture import needs_output_attentions, recording
+from .linalg import lapack_threads
 from .projections import head_projections
 
 DEFAULT_RTOL = 1e-6
-
-
-@contextmanager
-def _lapack_threads(device: torch.device):
-    """One intra-op thread for batched CPU SVDs of small matrices: MKL's threading of each tiny
-    decomposition costs ~10x more than it saves (measured: 384 SVDs of 128 x 32 take 1.7 s vs 0.15 s)."""
-    if device.type != "cpu":
-        yield
-        return
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(previous)
 
 
 def column_basis(t: torch.Tensor, real: torch.Tensor | None = None, rtol: float = DEFAULT_RTOL):
@@ -52,7 +36,7 @@ def column_basis(t: torch.Tensor, real: torch.Tensor | None = None, rtol: float 
     t = t.to(torch.float64)
     if real is not None:
         t = t * real[..., :, None].to(t.dtype)
-    with _lapack_threads(t.device):
+    with lapack_threads(t.device):
         u, s, _ = torch.linalg.svd(t, full_matrices=False)  # (..., N, r), (..., r)
     keep = s > rtol * s[..., :1]  # (..., r)
     return u * keep[..., None, :].to(u.dtype), keep.sum(-1)

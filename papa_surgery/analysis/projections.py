@@ -14,6 +14,7 @@ import torch
 
 from ..architectures import get_family, num_heads_layers
 from ..hub_code.modeling_papa import attention_modules
+from .linalg import lapack_threads
 
 # Where the output projection sits, relative to the self-attention module ("../" = its parent module).
 OUTPUT_PROJECTIONS: dict[str, str] = {
@@ -96,9 +97,7 @@ class HeadProjections:
         ``T = V_h W_O^h = (V_h R_h^T) Q_h^T``, so T's left singular vectors and singular values are those of
         the small (n, d) matrix ``V_h R_h^T``: the SVD never touches the model width D.
         """
-        from .effective import _lapack_threads
-
-        with _lapack_threads(self.w_o.device):
+        with lapack_threads(self.w_o.device):
             return torch.linalg.qr(self.w_o.transpose(1, 2), mode="reduced").R  # (H, d, d)
 
 

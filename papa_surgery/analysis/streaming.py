@@ -16,16 +16,14 @@ Per-token-category sums (what the analysis figures show) are gathered in the sam
 
 from __future__ import annotations
 
-import datetime as _dt
 import unicodedata
 from dataclasses import dataclass, field
 
 import torch
 
-from .. import __version__
 from ..accumulate import SlotAccumulator, SlotLayout
 from ..architectures import num_heads_layers
-from ..calibrate import process_batches
+from ..calibrate import borrow, pass_metadata, process_batches
 from ..constants import ANALYSIS_KINDS, Constants
 from ..corpus import load_corpus
 from ..encoding import encode, model_inputs
@@ -139,95 +137,87 @@ def stream(
         raise ValueError(f"unknown analysis {which!r}; choose one of {', '.join(WHICH)}")
     corpus = load_corpus(corpus, pairs=pairs, max_examples=max_examples)
     num_heads, num_layers = num_heads_layers(model.config)
-    device = torch.device(device) if device is not None else next(model.parameters()).device
-    model.to(device).eval()
-    distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
+    device, restore = borrow(model, device)
+    try:
+        distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
 
-    state = AnalysisState(
-        which,
-        max_length,
-        pairs,
-        SlotAccumulator(num_layers, num_heads, max_length, device),
-        SlotAccumulator(num_layers, num_heads, max_length, device, squares=False) if with_attention else None,
-    )
-    cats = TokenCategories(tokenizer) if with_categories else None
-    if with_categories:
-        shape = (num_layers, num_heads, len(CATEGORIES))
-        state.cat_attention = torch.zeros(shape, dtype=torch.float64, device=device)
-        state.cat_main = torch.zeros(shape, dtype=torch.float64, device=device)
-        if which == "norms":
-            state.cat_summed = torch.zeros(num_layers, len(CATEGORIES), dtype=torch.float64, device=device)
-    if which == "effective":
-        state.rank_sum = torch.zeros(num_layers, num_heads, dtype=torch.float64, device=device)
-    projections = [
-        p.to(torch.float64 if which == "effective" else torch.float32, device) for p in head_projections(model)
-    ]
-    factors = [p.output_factor() for p in projections] if which == "effective" else None
-    batch: dict = {}
+        state = AnalysisState(
+            which,
+            max_length,
+            pairs,
+            SlotAccumulator(num_layers, num_heads, max_length, device),
+            SlotAccumulator(num_layers, num_heads, max_length, device, squares=False) if with_attention else None,
+        )
+        cats = TokenCategories(tokenizer) if with_categories else None
+        if with_categories:
+            shape = (num_layers, num_heads, len(CATEGORIES))
+            state.cat_attention = torch.zeros(shape, dtype=torch.float64, device=device)
+            state.cat_main = torch.zeros(shape, dtype=torch.float64, device=device)
+            if which == "norms":
+                state.cat_summed = torch.zeros(num_layers, len(CATEGORIES), dtype=torch.float64, device=device)
+        if which == "effective":
+            state.rank_sum = torch.zeros(num_layers, num_heads, dtype=torch.float64, device=device)
+        projections = [
+            p.to(torch.float64 if which == "effective" else torch.float32, device) for p in head_projections(model)
+        ]
+        factors = [p.output_factor() for p in projections] if which == "effective" else None
+        batch: dict = {}
 
-    def on_layer(layer, x, probs):
-        real, cells, onehot = batch["real"], batch["cells"], batch.get("onehot")
-        part = cells.gather(probs)  # (H, cells) float64: A at the real entries
-        if state.attention is not None:
-            state.attention.add_gathered(layer, part)
-        proj = projections[layer]
-        if which == "norms":
-            norms = proj.value_norms(x.float())  # (B, H, N) ||f_h(x_j)||, without forming f
-            state.main.add_gathered(layer, part * cells.gather_columns(norms))
-        else:
-            eff, r = layer_effective(probs, x, proj, real, rtol, factor=factors[layer])  # (B, H, N, N) float64
-            state.rank_sum[layer] += r.sum(0)
-            state.main.add_gathered(layer, cells.gather(eff))
-        if onehot is None:
-            return
-        rows = real.to(probs.dtype)[:, None, None, :]  # (B, 1, 1, N)
-        column = (rows @ probs).squeeze(-2)  # (B, H, N): sum over real query rows i of A_ij
-        state.cat_attention[layer] += torch.einsum("bhn,bnc->hc", column.double(), onehot)
-        if which == "norms":
-            state.cat_main[layer] += torch.einsum("bhn,bnc->hc", (column * norms).double(), onehot)
-            summed = summed_norms(probs.float(), proj.gram(x.float()), real)  # (B, N, N)
-            state.cat_summed[layer] += torch.einsum("bn,bnc->c", summed.sum(1).double(), onehot)
-        else:
-            state.cat_main[layer] += torch.einsum("bhn,bnc->hc", eff.sum(-2), onehot)
-
-    bar, world = process_batches(corpus, batch_size, f"analyze {which}", progress)
-    with recording(model, on_layer):
-        for examples in bar:
-            enc = encode(tokenizer, examples, max_length, pairs=pairs).to(device)
-            slots = compute_slots(enc["input_ids"], enc["attention_mask"], max_length, tokenizer.sep_token_id)
-            layout = SlotLayout(slots, max_length)
-            batch["cells"] = state.main.start_batch(layout)
+        def on_layer(layer, x, probs):
+            real, cells, onehot = batch["real"], batch["cells"], batch.get("onehot")
+            part = cells.gather(probs)  # (H, cells) float64: A at the real entries
             if state.attention is not None:
-                state.attention.start_batch(layout, batch["cells"])
-            batch["real"] = enc["attention_mask"].bool()
-            state.rows += float(batch["real"].sum())
-            if cats is not None:
-                batch["onehot"] = cats.onehot(enc["input_ids"], batch["real"])
-            model(**model_inputs(model, enc), output_attentions=needs_output_attentions(model))
-    for acc in (state.main, state.attention):
-        if acc is not None:
-            acc.reduce()
-    if distributed:
-        for t in (state.cat_attention, state.cat_main, state.cat_summed, state.rank_sum):
-            if t is not None:
-                torch.distributed.all_reduce(t)
-        rows = torch.tensor([state.rows], dtype=torch.float64, device=device)
-        torch.distributed.all_reduce(rows)
-        state.rows = float(rows.item())
+                state.attention.add_gathered(layer, part)
+            proj = projections[layer]
+            if which == "norms":
+                norms = proj.value_norms(x.float())  # (B, H, N) ||f_h(x_j)||, without forming f
+                state.main.add_gathered(layer, part * cells.gather_columns(norms))
+            else:
+                eff, r = layer_effective(probs, x, proj, real, rtol, factor=factors[layer])  # (B, H, N, N) float64
+                state.rank_sum[layer] += r.sum(0)
+                state.main.add_gathered(layer, cells.gather(eff))
+            if onehot is None:
+                return
+            rows = real.to(probs.dtype)[:, None, None, :]  # (B, 1, 1, N)
+            column = (rows @ probs).squeeze(-2)  # (B, H, N): sum over real query rows i of A_ij
+            state.cat_attention[layer] += torch.einsum("bhn,bnc->hc", column.double(), onehot)
+            if which == "norms":
+                state.cat_main[layer] += torch.einsum("bhn,bnc->hc", (column * norms).double(), onehot)
+                summed = summed_norms(probs.float(), proj.gram(x.float()), real)  # (B, N, N)
+                state.cat_summed[layer] += torch.einsum("bn,bnc->c", summed.sum(1).double(), onehot)
+            else:
+                state.cat_main[layer] += torch.einsum("bhn,bnc->hc", eff.sum(-2), onehot)
+
+        bar, world = process_batches(corpus, batch_size, f"analyze {which}", progress)
+        with recording(model, on_layer):
+            for examples in bar:
+                enc = encode(tokenizer, examples, max_length, pairs=pairs).to(device)
+                slots = compute_slots(enc["input_ids"], enc["attention_mask"], max_length, tokenizer.sep_token_id)
+                layout = SlotLayout(slots, max_length)
+                batch["cells"] = state.main.start_batch(layout)
+                if state.attention is not None:
+                    state.attention.start_batch(layout, batch["cells"])
+                batch["real"] = enc["attention_mask"].bool()
+                state.rows += float(batch["real"].sum())
+                if cats is not None:
+                    batch["onehot"] = cats.onehot(enc["input_ids"], batch["real"])
+                model(**model_inputs(model, enc), output_attentions=needs_output_attentions(model))
+        for acc in (state.main, state.attention):
+            if acc is not None:
+                acc.reduce()
+        if distributed:
+            for t in (state.cat_attention, state.cat_main, state.cat_summed, state.rank_sum):
+                if t is not None:
+                    torch.distributed.all_reduce(t)
+            rows = torch.tensor([state.rows], dtype=torch.float64, device=device)
+            torch.distributed.all_reduce(rows)
+            state.rows = float(rows.item())
+    finally:
+        restore()
     if state.examples == 0:
         raise ValueError(f"the corpus {corpus.description} gave no examples to analyze")
-    state.metadata = {
-        "source_model": source_name or getattr(model.config, "_name_or_path", None) or model.config.model_type,
-        "model_type": model.config.model_type,
-        "corpus": corpus.description,
-        "examples": state.examples,
-        "batch_size": batch_size,
-        "processes": world,
-        "analysis": which,
-        "model_dtype": str(next(model.parameters()).dtype).replace("torch.", ""),
-        "papa_surgery_version": __version__,
-        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-    }
+    state.metadata = pass_metadata(model, corpus, state.examples, batch_size, world, source_name)
+    state.metadata["analysis"] = which
     if which == "effective":
         state.metadata["rank_rtol"] = rtol
     return state
@@ -263,8 +253,10 @@ def effective_constants(model, tokenizer, corpus, **kwargs) -> Constants:
     return analysis_constants("effective-average", model, tokenizer, corpus, **kwargs)
 
 
-def norm_ranking(constants: Constants | None = None, *, model=None, tokenizer=None, corpus=None, **kwargs):
-    """Ranking ``norm``: heads with the smallest mean contribution ||alpha f|| are made constant first.
+def norm_scores(
+    constants: Constants | None = None, *, model=None, tokenizer=None, corpus=None, **kwargs
+) -> tuple[list[list[float]], dict]:
+    """Per-head mean contribution ||alpha f|| (Kobayashi et al. 2020): the score table of the ``norm`` ranking.
 
     Args:
         constants: ``norm-average`` constants (their ``metadata["contribution"]`` holds the scores); when
@@ -272,27 +264,16 @@ def norm_ranking(constants: Constants | None = None, *, model=None, tokenizer=No
         kwargs: passed to :func:`stream` (max_length, batch_size, max_examples, progress, ...).
 
     Returns:
-        A :class:`papa_surgery.ranking.Ranking` with the per-head scores.
+        ``(scores, metadata)``: a (layers, heads) nested list and the provenance of the pass (corpus, examples,
+        source model).
     """
-    from ..ranking import Ranking, order_by_scores
-
     meta = {} if constants is None else constants.metadata
-    if "contribution" not in meta:
-        if model is None or tokenizer is None or corpus is None:
-            raise ValueError(
-                "the norm ranking needs norm-average constants (papa-surgery calibrate --kind norm-average) or a "
-                "model, tokenizer and corpus to measure head contributions on"
-            )
-        state = stream(model, tokenizer, corpus, "norms", **kwargs)
-        scores, meta = state.contribution().tolist(), state.metadata
-    else:
-        scores = meta["contribution"]
-    order, ordered = order_by_scores(scores, ascending=True)
-    prov = {
-        "papa_surgery_version": __version__,
-        "score": "mean ||alpha_ij f_h(x_j)|| over real entries (Kobayashi et al. 2020), smallest first",
-        "corpus": meta.get("corpus"),
-        "examples": meta.get("examples"),
-        "source_model": meta.get("source_model"),
-    }
-    return Ranking("norm", order, len(scores), len(scores[0]), ordered, prov)
+    if "contribution" in meta:
+        return meta["contribution"], meta
+    if model is None or tokenizer is None or corpus is None:
+        raise ValueError(
+            "the norm ranking needs norm-average constants (papa-surgery calibrate --kind norm-average) or a "
+            "model, tokenizer and corpus to measure head contributions on"
+        )
+    state = stream(model, tokenizer, corpus, "norms", **kwargs)
+    return state.contribution().tolist(), state.metadata

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from .streaming import CATEGORIES, WHICH, AnalysisState, norm_ranking, stream
+from .streaming import CATEGORIES, WHICH, AnalysisState, stream
 
 
 def _by_cat(row) -> dict[str, float]:
@@ -121,9 +121,9 @@ def analyze(
     """Norm-based (``which="norms"``) or effective-attention (``"effective"``) analysis of ``model``.
 
     Writes to ``out_dir``: ``summary.json`` (per layer and head), the corpus averages as ``Constants``
-    (``norm-average.safetensors`` or ``effective-average.safetensors``, usable with ``convert``), for norms
-    ``norm-ranking.json``, and figures ``token_shares.png``, ``heatmaps.png`` and, for effective,
-    ``sep_mass.png``.
+    (``norm-average.safetensors`` or ``effective-average.safetensors``, usable with ``convert``), and figures
+    ``token_shares.png``, ``heatmaps.png`` and, for effective, ``sep_mass.png``. ``papa_surgery.analyze`` adds
+    ``norm-ranking.json`` for norms.
 
     Returns:
         The summary dict, with ``"files"`` listing what was written.
@@ -150,9 +150,7 @@ def analyze(
     summary = summarize(state)
     constants = state.constants()
     files = [constants.save(out_dir / f"{constants.kind}.safetensors").name]
-    if which == "norms":
-        files.append(norm_ranking(constants).save(out_dir / "norm-ranking.json").name)
-    else:
+    if which == "effective":
         clipped = torch.tensor(constants.metadata["clipped_negative_mass"])
         summary["clipped_negative_mass"] = float(clipped.mean())
     if figures:

@@ -7,7 +7,7 @@ so a run is reproducible and leaves the caller's global RNG state untouched.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import nn
@@ -40,6 +40,69 @@ def batch_labels(labels: Sequence, index: Sequence[int], width: int, kind: str) 
     return out
 
 
+def fit(
+    head: nn.Module,
+    features: Callable[[list[int]], tuple[torch.Tensor, torch.Tensor]],
+    lengths: Sequence[int],
+    labels: Sequence,
+    kind: str,
+    optimizer: torch.optim.Optimizer,
+    *,
+    batch_size: int,
+    steps: int,
+    seed: int,
+    progress: bool = True,
+    desc: str = "probe",
+) -> tuple[int, float | None]:
+    """The probe's training loop: cross-entropy steps over length-bucketed epochs until ``steps``.
+
+    Shared by the probe (``features`` reads cached hidden states) and the lambda ranking (``features`` runs
+    the mixed backbone with gradients flowing to the lambdas, which ``optimizer`` also holds).
+
+    Args:
+        head: the probe head, trained in place (left in eval mode).
+        features: example indices -> ((B, N, Ly, H) hidden states of every layer, (B, N) slots).
+        lengths: token count of every training example (for bucketing).
+        labels: per-example class labels or token label lists.
+        kind: ``sentence`` or ``token``.
+        optimizer: steps every parameter that learns.
+        batch_size: examples per step.
+        steps: optimiser steps; epochs restart with a new batch order until they are done.
+        seed: the batch order's seed.
+        progress: a tqdm bar over the steps.
+        desc: the bar's label.
+
+    Returns:
+        (steps done, the last recorded loss or ``None`` when no step ran).
+    """
+    if steps < 0:
+        raise ValueError(f"steps must be >= 0, got {steps}")
+    head.train()
+    loss_fn = nn.CrossEntropyLoss(ignore_index=IGNORE)
+    generator = torch.Generator().manual_seed(seed)
+    bar = tqdm(total=steps, desc=desc, disable=not progress, unit="step", leave=False)
+    done, loss_value = 0, None
+    while done < steps:
+        for index in epoch_batches(lengths, batch_size, generator):
+            if done >= steps:
+                break
+            feats, slots = features(index)  # (B, N, Ly, H), (B, N)
+            target = batch_labels(labels, index, slots.shape[1], kind).to(feats.device)
+            logits = head(feats, slots)  # (B, C) or (B, N, C)
+            loss = loss_fn(logits.reshape(-1, logits.shape[-1]), target.reshape(-1))
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            done += 1
+            bar.update(1)
+            if done % 10 == 0 or done == steps:
+                loss_value = float(loss.item())
+                bar.set_postfix(loss=f"{loss_value:.4f}")
+    bar.close()
+    head.eval()
+    return done, loss_value
+
+
 def train_head(
     head: nn.Module,
     store: FeatureStore,
@@ -52,30 +115,15 @@ def train_head(
     seed: int,
     progress: bool = True,
 ) -> int:
-    """AdamW on cross-entropy over ``epochs``; returns the number of optimiser steps."""
-    device = store.device
-    head.to(device).train()
+    """AdamW on cross-entropy over ``epochs`` of cached features; returns the number of optimiser steps."""
+    head.to(store.device)
     optimizer = torch.optim.AdamW(head.parameters(), lr=lr)
-    loss_fn = nn.CrossEntropyLoss(ignore_index=IGNORE)
-    generator = torch.Generator().manual_seed(seed)
-    lengths = store.enc.lengths
-    steps = 0
-    for epoch in range(epochs):
-        batches = epoch_batches(lengths, batch_size, generator)
-        bar = tqdm(batches, desc=f"epoch {epoch + 1}/{epochs}", disable=not progress, leave=False)
-        for index in bar:
-            feats, slots = store.batch(index)  # (B, N, Ly, H), (B, N)
-            target = batch_labels(labels, index, slots.shape[1], kind).to(device)
-            logits = head(feats, slots)  # (B, C) or (B, N, C)
-            loss = loss_fn(logits.reshape(-1, logits.shape[-1]), target.reshape(-1))
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
-            steps += 1
-            if steps % 20 == 0:
-                bar.set_postfix(loss=f"{loss.item():.4f}")
-    head.eval()
-    return steps
+    steps = epochs * -(-len(store.enc) // batch_size)
+    done, _ = fit(
+        head, store.batch, store.enc.lengths, labels, kind, optimizer,
+        batch_size=batch_size, steps=steps, seed=seed, progress=progress,
+    )  # fmt: skip
+    return done
 
 
 @torch.no_grad()

@@ -1,0 +1,102 @@
+"""Tables and figures from a sweep's results (paper Tables 1-2, Figs. 2-5): ``write_report``.
+
+By job: ``stats`` (means over seeds with 95% t-intervals, relative drops), ``tables`` (markdown),
+``figures`` (matplotlib, the paper's axis: the share of heads kept input-dependent, ``1 - fraction``) and
+``tensors`` (constant matrices read back from constants files and checkpoints).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .figures import plot_constants, plot_drop, plot_fractions, plot_methods
+from .stats import GROUP_FIELDS, METHOD_PREFERENCE, load_results, relative_drops, summarize, t_critical
+from .tables import corpus_label, markdown_table, table_all, table_corpora, table_kinds
+from .tensors import constant_matrices
+
+__all__ = [
+    "GROUP_FIELDS",
+    "METHOD_PREFERENCE",
+    "constant_matrices",
+    "corpus_label",
+    "load_results",
+    "plot_constants",
+    "plot_drop",
+    "plot_fractions",
+    "plot_methods",
+    "relative_drops",
+    "summarize",
+    "t_critical",
+    "table_all",
+    "table_corpora",
+    "table_kinds",
+    "write_report",
+]
+
+
+def write_report(results_path, out_dir, constants=None) -> list[Path]:
+    """Write ``report.md`` (all scores, Table 1, Table 2) and the figures into ``out_dir``.
+
+    Args:
+        results_path: a sweep's JSONL results.
+        out_dir: output folder (created).
+        constants: optional constants file, ``Constants`` or PAPA checkpoint for the Fig. 4 heat maps.
+
+    Returns:
+        The written files: ``report.md`` first, then the PNG figures.
+
+    Raises:
+        FileNotFoundError: no results file.
+        ValueError: no result rows in it.
+    """
+    rows = load_results(results_path)
+    if not any(r.get("score") is not None for r in rows):
+        raise ValueError(f"{results_path} holds no results")
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    figures: list[tuple[str, Path | None]] = [
+        ("Score vs share of heads kept input-dependent (Fig. 2)", plot_fractions(rows, out_dir / "fig2_fractions.png")),
+        ("Original score vs relative drop with every head constant (Fig. 3)", plot_drop(rows, out_dir / "fig3.png")),
+        ("Ranking methods (Fig. 5)", plot_methods(rows, out_dir / "fig5_methods.png")),
+    ]
+    if constants is not None:
+        figures.append(("Constant matrices (Fig. 4)", plot_constants(constants, out_dir / "fig4_constants.png")))
+    figures = [(title, path) for title, path in figures if path is not None]
+
+    summary = summarize(rows)
+    fractions = {e["fraction"] for e in summary}
+    end = 1.0 if 1.0 in fractions else max(fractions)
+    lines = [
+        "# PAPA probing report",
+        "",
+        f"Results: `{Path(results_path).name}` ({len(rows)} rows). Scores are means over seeds ± the 95% "
+        "confidence interval (t-distribution). *fraction* is the share of heads made constant; figures show "
+        "the share kept input-dependent (1 − fraction), like the paper.",
+        "",
+        f"## Constant kinds (Table 1 style, fraction {end:g})",
+        "",
+        table_kinds(rows, fraction=end),
+        "",
+    ]
+    if len({e["corpus"] for e in summary if e["kind"] == "average"}) > 1:
+        lines += [f"## Calibration corpora (Table 2 style, fraction {end:g})", "", table_corpora(rows, end), ""]
+    drops = relative_drops(rows)
+    if drops:
+        lines += ["## Relative drop with every head constant (Fig. 3)", ""]
+        lines += [
+            markdown_table(
+                ["model", "tasks", "original (mean)", "relative drop"],
+                [
+                    [d["model"], ", ".join(d["tasks"]), f"{d['original']:.3f}", f"{100 * d['relative_drop']:.1f}%"]
+                    for d in drops
+                ],
+                text_columns=2,
+            ),
+            "",
+        ]
+    lines += ["## Figures", ""]
+    lines += [f"![{title}]({path.name})" for title, path in figures]
+    lines += ["", "## All results", "", table_all(rows), ""]
+    report = out_dir / "report.md"
+    report.write_text("\n".join(lines), encoding="utf-8")
+    return [report, *[path for _, path in figures]]

@@ -1,0 +1,140 @@
+"""Figures from a sweep's results (paper Figs. 2, 3 and 5) and heat maps of constant matrices (Fig. 4).
+
+Figures use the paper's axis: the share of heads kept input-dependent, ``1 - fraction``. matplotlib runs with
+the Agg backend.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .stats import METHOD_PREFERENCE, main_curves, ordered, prefer, relative_drops, summarize
+from .tables import fraction_label
+from .tensors import constant_matrices
+
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _curve(ax, entries: list[dict], positions: dict, label: str) -> None:
+    entries = sorted(entries, key=lambda e: -e["kept_fraction"])
+    xs = [positions[e["kept_fraction"]] for e in entries]
+    ys = [e["mean"] for e in entries]
+    errs = [e["ci95"] or 0.0 for e in entries]
+    ax.errorbar(xs, ys, yerr=errs, marker="o", capsize=3, label=label)
+
+
+def _fraction_axis(ax, kept: list[float]) -> dict:
+    """Evenly spaced kept fractions, largest first (the paper's 1, 1/2, 1/8, 1/16, 0)."""
+    kept = sorted(set(kept), reverse=True)
+    positions = {k: i for i, k in enumerate(kept)}
+    ax.set_xticks(range(len(kept)), [fraction_label(k) for k in kept])
+    ax.set_xlabel("share of heads kept input-dependent")
+    return positions
+
+
+def _grid(n: int, plt, width: float = 4.0):
+    cols = min(n, 3)
+    rows = -(-n // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(width * cols, 3.2 * rows), squeeze=False)
+    for ax in axes.flat[n:]:
+        ax.set_visible(False)
+    return fig, list(axes.flat)
+
+
+def plot_fractions(rows, out_path) -> Path:
+    """Fig. 2: score vs share of heads kept input-dependent, one panel per task, one line per model."""
+    plt = _plt()
+    summary = main_curves(summarize(rows))
+    tasks = ordered(e["task"] for e in summary)
+    if not tasks:
+        raise ValueError("no results to plot")
+    fig, axes = _grid(len(tasks), plt)
+    for ax, task in zip(axes, tasks, strict=False):
+        sub = [e for e in summary if e["task"] == task]
+        positions = _fraction_axis(ax, [e["kept_fraction"] for e in sub])
+        for model in ordered(e["model"] for e in sub):
+            mine = [e for e in sub if e["model"] == model]
+            _curve(ax, mine, positions, f"{_short(model)} ({mine[0]['kind']}, {mine[0]['method']})")
+        ax.set_title(task)
+        ax.set_ylabel(sub[0]["metric"] or "score")
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    return _save(fig, out_path, plt)
+
+
+def plot_drop(rows, out_path) -> Path | None:
+    """Fig. 3: original average score (y) vs relative drop when every head is constant (x), one point per model."""
+    points = relative_drops(rows)
+    if not points:
+        return None
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(5, 4))
+    for p in points:
+        ax.scatter([100 * p["relative_drop"]], [p["original"]])
+        ax.annotate(_short(p["model"]), (100 * p["relative_drop"], p["original"]), fontsize=8)
+    ax.set_xlabel("relative drop with all heads constant (%)")
+    ax.set_ylabel("original score (mean over tasks)")
+    fig.tight_layout()
+    return _save(fig, out_path, plt)
+
+
+def plot_methods(rows, out_path) -> Path | None:
+    """Fig. 5: ranking methods vs share of heads kept input-dependent, one panel per (model, task)."""
+    summary = summarize(rows)
+    panels = []
+    for model in ordered(e["model"] for e in summary):
+        for task in ordered(e["task"] for e in summary if e["model"] == model):
+            sub = [e for e in summary if e["model"] == model and e["task"] == task]
+            kind = prefer((e["kind"] for e in sub), ("average",))
+            corpus = prefer((e["corpus"] for e in sub), ("task",))
+            sub = [e for e in sub if e["kind"] == kind and e["corpus"] == corpus]
+            if len({e["method"] for e in sub}) > 1:
+                panels.append((model, task, sub))
+    if not panels:
+        return None
+    plt = _plt()
+    fig, axes = _grid(len(panels), plt)
+    for ax, (model, task, sub) in zip(axes, panels, strict=False):
+        positions = _fraction_axis(ax, [e["kept_fraction"] for e in sub])
+        methods = sorted({e["method"] for e in sub}, key=lambda m: (METHOD_PREFERENCE + (m,)).index(m))
+        for method in methods:
+            _curve(ax, [e for e in sub if e["method"] == method], positions, method)
+        ax.set_title(f"{_short(model)} · {task}")
+        ax.set_ylabel(sub[0]["metric"] or "score")
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    return _save(fig, out_path, plt)
+
+
+def plot_constants(source, out_path, heads=None, max_heads: int = 3) -> Path:
+    """Fig. 4: heat maps of chosen constant matrices (rows: query slot, columns: key slot)."""
+    picked = constant_matrices(source, heads, max_heads)
+    plt = _plt()
+    fig, axes = plt.subplots(1, len(picked), figsize=(3.4 * len(picked), 3.2), squeeze=False)
+    for ax, (title, matrix) in zip(axes[0], picked, strict=True):
+        image = ax.imshow(matrix, cmap="viridis", interpolation="nearest")
+        ax.set_title(f"(layer, head) = {title}", fontsize=9)
+        ax.set_xlabel("key slot", fontsize=8)
+        ax.set_ylabel("query slot", fontsize=8)
+        fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04)
+    fig.tight_layout()
+    return _save(fig, out_path, plt)
+
+
+def _short(model: str) -> str:
+    return str(model).rstrip("/").split("/")[-1]
+
+
+def _save(fig, out_path, plt) -> Path:
+    out_path = Path(out_path)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out_path, dpi=100)
+    plt.close(fig)
+    return out_path

@@ -1,0 +1,173 @@
+"""The package's import graph has no circles, and ``import papa_surgery`` stays light.
+
+The graph is read from the source with ``ast``: every ``import`` statement counts, at module level and
+inside functions (a function-level import only postpones a circle, it does not remove it). The one
+exception is what PEP 562 makes lazy on purpose: imports inside a package ``__init__``'s ``__getattr__``
+belong to a separate node, ``<package>:lazy``, that only ``from <package> import <lazy name>`` reaches;
+``from papa_surgery import __version__`` finds a plain attribute and never runs ``__getattr__``.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1] / "papa_surgery"
+PACKAGE = ROOT.name
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for path in ROOT.rglob("*.py"):
+        parts = [PACKAGE, *path.relative_to(ROOT).with_suffix("").parts]
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        out[".".join(parts)] = path
+    return out
+
+
+def _lazy_table(init: Path) -> dict[str, str]:
+    """``{name: submodule}`` a package ``__init__`` hands out through ``__getattr__`` (its ``_LAZY`` table)."""
+    for node in ast.parse(init.read_text()).body:
+        if isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            if any(isinstance(t, ast.Name) and t.id == "_LAZY" for t in targets):
+                return ast.literal_eval(node.value)
+    return {}
+
+
+def _lazy_function_nodes(tree: ast.Module) -> set[int]:
+    """ids of the AST nodes inside a module-level ``def __getattr__``."""
+    ids = set()
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef) and node.name == "__getattr__":
+            ids |= {id(n) for n in ast.walk(node)}
+    return ids
+
+
+def import_graph() -> dict[str, set[str]]:
+    """``{module: {module it imports, ...}}`` for every module of the package (internal edges only)."""
+    modules = _modules()
+    lazy = {name: _lazy_table(path) for name, path in modules.items() if path.name == "__init__.py"}
+    graph: dict[str, set[str]] = {name: set() for name in modules}
+    for name, table in lazy.items():  # __getattr__ imports the table's submodules by name (importlib)
+        graph[f"{name}:lazy"] = {f"{name}.{module}" for module in table.values()}
+
+    def target(package: str, attr: str | None) -> str | None:
+        if attr is not None:
+            if attr in lazy.get(package, ()):
+                return f"{package}:lazy"
+            if f"{package}.{attr}" in modules:
+                return f"{package}.{attr}"
+        return package if package in modules else None
+
+    for name, path in modules.items():
+        tree = ast.parse(path.read_text(), filename=str(path))
+        in_lazy = _lazy_function_nodes(tree) if path.name == "__init__.py" else set()
+        here = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+        for node in ast.walk(tree):
+            source = f"{name}:lazy" if id(node) in in_lazy else name
+            found: list[str | None] = []
+            if isinstance(node, ast.Import):
+                found = [target(alias.name, None) for alias in node.names if alias.name.startswith(PACKAGE)]
+            elif isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = here.split(".")
+                    base = base[: len(base) - (node.level - 1)]
+                    package = ".".join(base + ([node.module] if node.module else []))
+                elif node.module and node.module.split(".")[0] == PACKAGE:
+                    package = node.module
+                else:
+                    continue
+                found = [target(package, alias.name) for alias in node.names]
+            graph[source] |= {t for t in found if t is not None and t != source}
+    return graph
+
+
+def find_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components with more than one node (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                out.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_the_walker_sees_function_level_imports_and_reports_a_cycle():
+    graph = import_graph()
+    assert f"{PACKAGE}.lambda_rank" in graph[f"{PACKAGE}.rank_methods"]  # a function-level import
+    assert f"{PACKAGE}.ranking" in graph[f"{PACKAGE}.lambda_rank"]  # a module-level one
+    assert f"{PACKAGE}.api" in graph[f"{PACKAGE}:lazy"]
+    assert find_cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert find_cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_the_package_has_no_import_cycles():
+    cycles = find_cycles(import_graph())
+    assert not cycles, "import cycles: " + "; ".join(" <-> ".join(c) for c in cycles)
+
+
+@pytest.mark.parametrize("leaf", ["ranking", "probe", "hub_code", "analysis"])
+def test_leaves_do_not_reach_up(leaf):
+    """Ranking is a leaf; probe and hub_code know nothing of ranking or conversion; analyses return score tables."""
+    graph = import_graph()
+    start = [m for m in graph if m == f"{PACKAGE}.{leaf}" or m.startswith(f"{PACKAGE}.{leaf}.")]
+    seen, todo = set(start), list(start)
+    while todo:
+        for w in graph[todo.pop()]:
+            if w not in seen:
+                seen.add(w)
+                todo.append(w)
+    above = {f"{PACKAGE}.{m}" for m in ("ranking", "rank_methods", "lambda_rank", "convert", "sweep", "api", "cli")}
+    above.discard(f"{PACKAGE}.{leaf}")
+    assert not seen & above, f"{leaf} imports {sorted(seen & above)}"
+
+
+def test_import_papa_surgery_and_help_stay_torch_free():
+    code = (
+        "import sys, json, papa_surgery\n"
+        "names = sorted(papa_surgery.__all__)\n"
+        "print(json.dumps({'heavy': sorted(m for m in ('torch', 'transformers') if m in sys.modules), 'all': names}))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    report = json.loads(out.stdout)
+    assert report["heavy"] == []
+    assert {"calibrate", "rank", "convert", "probe", "analyze", "Constants", "Ranking"} <= set(report["all"])
+    help_code = (
+        "import sys\nfrom click.testing import CliRunner\nfrom papa_surgery.cli import main\n"
+        "result = CliRunner().invoke(main, ['--help'])\nassert result.exit_code == 0, result.output\n"
+        "print('torch' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", help_code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
