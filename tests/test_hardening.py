@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import json
 import logging
 import os
@@ -201,7 +202,7 @@ class CallCounter:
 @pytest.fixture
 def calibrations(monkeypatch):
     """Counts calibrations (the first expensive step), to prove a failure came before any."""
-    import papa_surgery.calibrate as calibrate_mod
+    calibrate_mod = importlib.import_module("papa_surgery.calibrate")
 
     counter = CallCounter(calibrate_mod.calibrate)
     monkeypatch.setattr(calibrate_mod, "calibrate", counter)

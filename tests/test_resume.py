@@ -3,14 +3,16 @@ results file never run or write a cell twice."""
 
 from __future__ import annotations
 
+import importlib
 import threading
 
 import pytest
 from test_sweep import CountingProbe, config, write_sst2
 
-import papa_surgery.probe as probe_pkg
 from papa_surgery.results import cell_key, read_rows
 from papa_surgery.sweep import parse_fractions, run_sweep
+
+probe_pkg = importlib.import_module("papa_surgery.probe")  # the package (papa_surgery.probe is also the function)
 
 
 @pytest.fixture(scope="module")
