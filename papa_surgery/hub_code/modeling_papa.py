@@ -22,6 +22,7 @@ from collections import defaultdict
 
 import torch
 from torch import nn
+from transformers import initialization as init
 
 from .configuration_papa import papa_config_class
 from .families import FAMILIES, family_for
@@ -115,15 +116,12 @@ class PapaModelMixin:
 
     def _init_weights(self, module):
         super()._init_weights(module)
-        constants = getattr(module, "papa_constants", None)
-        if isinstance(constants, torch.Tensor) and constants.device.type != "meta":
-            # Loaded checkpoints overwrite this; a fresh model's constant heads output zero until set.
-            with torch.no_grad():
-                constants.zero_()
-        logits = getattr(module, "papa_lambda_logits", None)
-        if isinstance(logits, torch.Tensor) and logits.device.type != "meta":
-            with torch.no_grad():
-                logits.zero_()
+        # transformers' init functions skip tensors a checkpoint already filled (and meta tensors); a fresh
+        # model's constant heads output zero until constants are set, and lambda starts at sigmoid(0) = 0.5.
+        for name in ("papa_constants", "papa_lambda_logits"):
+            tensor = getattr(module, name, None)
+            if isinstance(tensor, torch.Tensor):
+                init.zeros_(tensor)
 
     @property
     def papa_uses_interface(self) -> bool:
