@@ -128,6 +128,18 @@ def _check_fits(n_real: torch.Tensor, first_mid: torch.Tensor, is_pair: torch.Te
     )
 
 
+def _probs(constants: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+    """(Hc, B, N, N) float32 masked, row-normalised constants (see :func:`constant_probs`)."""
+    hc, length = constants.shape[0], constants.shape[-1]
+    # A zero row and column at index L stand for padding, so one gather also applies the mask.
+    padded = torch.nn.functional.pad(constants.float().clamp_min(0), (0, 1, 0, 1))  # (Hc, L+1, L+1)
+    s = torch.where(slots >= 0, slots, torch.full_like(slots, length))  # (B, N)
+    cells = s[:, :, None] * (length + 1) + s[:, None, :]  # (B, N, N) into the flat (L+1)^2 grid
+    p = padded.reshape(hc, -1)[:, cells]  # (Hc, B, N, N)
+    # Division by a clamped denominator keeps empty rows at 0 without a data-dependent branch.
+    return p / p.sum(-1, keepdim=True).clamp_min(torch.finfo(p.dtype).tiny)
+
+
 def constant_probs(constants: torch.Tensor, slots: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """Masked, row-normalised constants of each example (the paper's footnote 8).
 
@@ -141,16 +153,12 @@ def constant_probs(constants: torch.Tensor, slots: torch.Tensor, dtype: torch.dt
         (B, Hc, N, N) attention probabilities. A row with no mass (a slot no calibration example reached,
         the ``zeros`` kind, a padding query) is all zeros, so its head output is zero.
     """
-    hc, length = constants.shape[0], constants.shape[-1]
-    real = slots >= 0  # (B, N)
-    s = slots.clamp_min(0)
-    cells = s[:, :, None] * length + s[:, None, :]  # (B, N, N) into the flat L*L grid
-    flat = constants.float().clamp_min(0).reshape(hc, -1)  # (Hc, L*L)
-    p = flat[:, cells] * (real[:, :, None] & real[:, None, :])  # (Hc, B, N, N)
-    denom = p.sum(-1, keepdim=True)  # (Hc, B, N, 1)
-    # Division by a clamped denominator keeps empty rows at 0 without a data-dependent branch.
-    p = p / denom.clamp_min(torch.finfo(p.dtype).tiny)
-    return p.transpose(0, 1).to(dtype)  # (B, Hc, N, N)
+    return _probs(constants, slots).transpose(0, 1).to(dtype)
+
+
+def _one_layout(slots: torch.Tensor) -> bool:
+    """Whether every example of an eager batch has the same slots (never decided while tracing)."""
+    return slots.shape[0] > 1 and not is_tracing() and bool((slots == slots[:1]).all())
 
 
 def constant_attention(
@@ -167,7 +175,16 @@ def constant_attention(
     Returns:
         context (B, Hc, N, d) and the probabilities used (B, Hc, N, N), after dropout.
     """
-    probs = constant_probs(constants, slots, value.dtype)  # (B, Hc, N, N)
+    b, hc, n, d = value.shape
+    if dropout == 0 and _one_layout(slots):
+        # One layout for the whole batch (equal lengths, the common eager case): a single (N, N) matrix per
+        # head and one (N, N) @ (N, B*d) product, instead of B gathered copies.
+        p = _probs(constants, slots[:1])[:, 0].to(value.dtype)  # (Hc, N, N)
+        v = value.permute(1, 2, 0, 3).reshape(hc, n, b * d)  # (Hc, N, B*d)
+        out = torch.matmul(p, v).view(hc, n, b, d).permute(2, 0, 1, 3)  # (B, Hc, N, d)
+        return out, p.unsqueeze(0).expand(b, -1, -1, -1)
+    p = _probs(constants, slots).to(value.dtype)  # (Hc, B, N, N)
     if dropout > 0:
-        probs = torch.nn.functional.dropout(probs, p=dropout, training=True)
-    return torch.matmul(probs, value), probs  # (B, Hc, N, d)
+        p = torch.nn.functional.dropout(p, p=dropout, training=True)
+    out = torch.matmul(p, value.transpose(0, 1)).transpose(0, 1)  # (B, Hc, N, d)
+    return out, p.transpose(0, 1)
