@@ -79,7 +79,7 @@ def test_torch_export_with_dynamic_shapes_matches_eager(tiny, model_type):
     assert float((got - expected).abs().max()) <= TOL
 
 
-@pytest.mark.parametrize("model_type", ["bert", "distilbert", "mpnet", "deberta-v2"])
+@pytest.mark.parametrize("model_type", FAMILY_TYPES)
 def test_onnx_dynamo_export_matches_eager(tiny, model_type, tmp_path):
     pytest.importorskip("onnxscript")
     ort = pytest.importorskip("onnxruntime")
