@@ -59,6 +59,11 @@ def papa_config(source_config, **papa_fields):
     return papa_config_class(family.model_type)(**fields, **papa_fields)
 
 
+def separator_id(tokenizer, config) -> int | None:
+    """The separator that marks a pair's middle: the tokenizer's, else the config's (``None``: no pairs)."""
+    return getattr(tokenizer if tokenizer is not None else config, "sep_token_id", None)
+
+
 def build_papa_model(source, config, constants: dict[int, torch.Tensor] | None = None):
     """Build a PAPA model from a source model the way ``from_pretrained`` builds it from a checkpoint.
 
@@ -150,16 +155,11 @@ def convert(
     constants.check_compatible(model.config, source, model=model)
     heads = normalize_heads(heads, num_layers, num_heads)
     store = resolve_dtype(dtype)
-    sep = (
-        getattr(tokenizer, "sep_token_id", None)
-        if tokenizer is not None
-        else getattr(model.config, "sep_token_id", None)
-    )
     config = papa_config(
         model.config,
         papa_max_length=constants.max_length,
         papa_constant_heads=heads,
-        papa_sep_token_id=sep,
+        papa_sep_token_id=separator_id(tokenizer, model.config),
         papa_constants_dtype=str(store).replace("torch.", ""),
         papa_trainable_constants=bool(trainable_constants),
         papa_kind=kind or constants.kind,

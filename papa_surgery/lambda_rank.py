@@ -24,7 +24,7 @@ from torch import nn
 from . import __version__
 from .architectures import num_heads_layers
 from .constants import Constants
-from .convert import build_papa_model, papa_config
+from .convert import build_papa_model, papa_config, separator_id
 from .hub_code.modeling_papa import attention_modules
 from .loading import public_name
 from .probe.data import load_split
@@ -58,7 +58,7 @@ def lambda_model(model: nn.Module, constants: Constants, tokenizer=None) -> nn.M
         papa_max_length=int(constants.max_length),
         papa_constant_heads=every,
         papa_lambda_mixing=True,
-        papa_sep_token_id=getattr(tokenizer if tokenizer is not None else source.config, "sep_token_id", None),
+        papa_sep_token_id=separator_id(tokenizer, source.config),
         papa_kind=constants.kind,
         papa_method="lambda",
         papa_calibrated_on="pairs" if constants.pairs else "single",

@@ -255,6 +255,15 @@ def tiny_folder(tiny, tmp_path_factory):
     return make
 
 
+@pytest.fixture(scope="module")
+def one_thread():
+    """Tiny models run fastest on one thread (and do not oversubscribe a busy 2-core machine)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 # --- PAPA helpers -----------------------------------------------------------------------------------------
 
 

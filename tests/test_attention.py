@@ -35,13 +35,7 @@ LEFT_PAD_INVARIANT = {"roberta", "xlm-roberta", "mpnet", "deberta-v2"}
 MIXED = [[0, 1], [0, 3], [1, 0], [1, 1], [1, 2], [1, 3]]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny models run fastest on one thread (and do not oversubscribe a busy 2-core machine)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest: tiny models run on one thread
 
 
 def encode(tok, pairs: bool, padding_side: str = "right", examples=None):

@@ -28,12 +28,7 @@ INTERFACE = [t for t in FAMILY_TYPES if family_for(t).style == "interface"]
 TOL = 1e-5
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest: tiny models run on one thread
 
 
 def papa_of(tiny, model_type, heads=HALF, head="AutoModel", attn=None, **overrides):

@@ -29,13 +29,7 @@ EVERY = [[layer, head] for layer in range(LAYERS) for head in range(HEADS)]
 BIG = 30.0  # sigmoid(30) == 1 and sigmoid(-30) ~ 1e-13 in float32
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models: intra-op threads only add contention (and minutes on a busy 2-core machine)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest: tiny models run on one thread
 
 
 def _constants(seed: int = 0) -> Constants:

@@ -27,12 +27,7 @@ LAYERS, HEADS, L = 2, 4, 32
 EVERY = [[layer, head] for layer in range(LAYERS) for head in range(HEADS)]
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest: tiny models run on one thread
 
 
 def _constants(variance=None) -> Constants:

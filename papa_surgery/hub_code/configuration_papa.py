@@ -10,7 +10,6 @@ This file ships inside every PAPA checkpoint: it imports only transformers and s
 
 from __future__ import annotations
 
-import importlib
 import re
 
 import transformers
@@ -64,8 +63,7 @@ def papa_config_class(model_type: str) -> type:
     family = family_for(model_type)
     name = f"{family.papa_prefix}Config"
     if name not in globals():
-        module = importlib.import_module(f"transformers.models.{family.module}.configuration_{family.module}")
-        base = getattr(module, f"{family.prefix}Config")
+        base = family.config_class()
         attrs = {
             "__module__": __name__,
             "__doc__": f"{base.__name__} with the PAPA fields (constant heads, slot count, provenance).",

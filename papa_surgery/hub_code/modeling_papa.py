@@ -16,8 +16,8 @@ This file ships inside every PAPA checkpoint: it imports only torch, transformer
 
 from __future__ import annotations
 
-import importlib
 import inspect
+import itertools
 from collections import defaultdict
 
 import torch
@@ -41,14 +41,10 @@ def heads_by_layer(pairs) -> dict[int, list[int]]:
     return out
 
 
-def family_class(family, name: str) -> type:
-    """A class of the family's transformers modeling module (imported on first use)."""
-    return getattr(importlib.import_module(f"transformers.models.{family.module}.modeling_{family.module}"), name)
-
-
 def attention_modules(model: nn.Module) -> list[nn.Module]:
     """The self-attention module of every layer, in layer order (source or PAPA model)."""
-    cls = family_class(family_for(model.config.model_type), family_for(model.config.model_type).attention_class)
+    family = family_for(model.config.model_type)
+    cls = getattr(family.transformers_module(), family.attention_class)
     return [m for m in model.modules() if isinstance(m, cls)]
 
 
@@ -60,7 +56,7 @@ def _replace(model: nn.Module, cls: type, make) -> None:
             setattr(model.get_submodule(parent_name), attr, make(old))
 
 
-def _head_dim(config, family, num_heads: int) -> int:
+def _head_dim(config, num_heads: int) -> int:
     hidden = config.hidden_size if hasattr(config, "hidden_size") else config.dim
     return getattr(config, "attention_head_size", None) or hidden // num_heads
 
@@ -70,7 +66,7 @@ def apply_papa(model: nn.Module) -> None:
     config = model.config
     family = family_for(config.model_type)
     num_heads = int(getattr(config, family.heads_attr))
-    head_dim = _head_dim(config, family, num_heads)
+    head_dim = _head_dim(config, num_heads)
     constant = heads_by_layer(config.papa_constant_heads)
     mixing = bool(config.papa_lambda_mixing)
     dtype = getattr(torch, config.papa_constants_dtype or "float32")
@@ -87,8 +83,9 @@ def apply_papa(model: nn.Module) -> None:
         return
     if family.layer_class is not None:  # checkpointed layers carry the slots into recomputation
         papa_layer = layer_class(family)
-        _replace(model, family_class(family, family.layer_class), lambda old: _rebuilt(papa_layer, old, config))
-    layers = iter(range(10**9))
+        source_layer = getattr(family.transformers_module(), family.layer_class)
+        _replace(model, source_layer, lambda old: _rebuilt(papa_layer, old, config))
+    layers = itertools.count()
     papa_attention = attention_class(family)
 
     def make_attention(old: nn.Module) -> nn.Module:
@@ -96,7 +93,7 @@ def apply_papa(model: nn.Module) -> None:
         new.papa_setup(heads(next(layers)), max_length, dtype, trainable)
         return new
 
-    _replace(model, family_class(family, family.attention_class), make_attention)
+    _replace(model, getattr(family.transformers_module(), family.attention_class), make_attention)
 
 
 def _rebuilt(cls: type, old: nn.Module, config) -> nn.Module:
@@ -232,7 +229,7 @@ def papa_model_class(model_type: str, auto_class: str = "AutoModel") -> type:
     source_name = family.auto_classes[auto_class]
     name = f"Papa{source_name}"
     if name not in globals():
-        source = family_class(family, source_name)
+        source = getattr(family.transformers_module(), source_name)
         attrs = {
             "__module__": __name__,
             "config_class": papa_config_class(family.model_type),

@@ -20,13 +20,12 @@ This file ships inside every PAPA checkpoint: it imports only torch, transformer
 from __future__ import annotations
 
 import contextlib
-import importlib
 from contextvars import ContextVar
 
 import torch
 from torch import nn
 
-from .papa_attention import PapaHeads, add_constants, merge_heads, select_heads, shrink_linear
+from .papa_attention import PapaHeads, add_constants, combine_heads, select_heads, shrink_linear, shrink_projections
 from .slots import constant_attention
 
 _SLOTS: ContextVar[torch.Tensor | None] = ContextVar("papa_slots", default=None)
@@ -58,24 +57,8 @@ class _OverrideMixin:
     papa_heads: PapaHeads
     papa_rows: dict
 
-    def _papa_shrink(self, names: tuple[str, ...]) -> None:
-        """Keep the kept heads' rows of each per-head projection in ``names`` (``None`` when none is kept)."""
-        heads = self.papa_heads
-        if not heads.const or heads.mixed:
-            return
-        rows = heads.rows(heads.kept)
-        for name in names:
-            linear = getattr(self, name, None)
-            if linear is None:
-                continue
-            setattr(self, name, shrink_linear(linear, rows) if rows else None)
-            if rows:
-                self.papa_rows[f"{name}.weight"] = (f"{name}.weight", rows)
-                if linear.bias is not None:
-                    self.papa_rows[f"{name}.bias"] = (f"{name}.bias", rows)
-
     def _papa_context(self, kept_ctx, value, output_attentions, kept_w):
-        """Merge kept (B, Hk, N, d) and constant contexts: (B, N, H*d) and the (B, H, N, N) weights if asked."""
+        """Combine kept (B, Hk, N, d) and constant contexts: (B, N, H*d) and the (B, H, N, N) weights if asked."""
         heads = self.papa_heads
         b, h, n, d = value.shape
         const_ctx = const_p = None
@@ -83,18 +66,12 @@ class _OverrideMixin:
             v_const = value if heads.mixed else select_heads(value, heads.const, h)
             drop = self.dropout.p if self.training else 0.0
             const_ctx, const_p = constant_attention(self.papa_constants, current_slots(), v_const, drop)
-        if heads.mixed:  # B = lambda * A + (1 - lambda) * C, per head
-            lam = torch.sigmoid(self.papa_lambda_logits).to(kept_ctx.dtype).view(1, h, 1, 1)  # (1, H, 1, 1)
-            ctx = lam * kept_ctx + (1 - lam) * const_ctx.to(kept_ctx.dtype)
-            kept_w = lam * kept_w + (1 - lam) * const_p
-        else:
-            ctx = merge_heads(kept_ctx, const_ctx, heads, dim=1)  # (B, H, N, d)
+        logits = self.papa_lambda_logits if heads.mixed else None
+        ctx = combine_heads(kept_ctx, const_ctx, heads, dim=1, lambda_logits=logits)  # (B, H, N, d)
         ctx = ctx.transpose(1, 2).reshape(b, n, h * d)
         if not output_attentions:
             return ctx, None
-        if const_p is None or heads.mixed:
-            return ctx, kept_w
-        return ctx, merge_heads(kept_w.to(const_p.dtype) if kept_w is not None else None, const_p, heads, dim=1)
+        return ctx, combine_heads(kept_w, const_p, heads, dim=1, lambda_logits=logits)  # (B, H, N, N)
 
 
 class MPNetAttentionMixin(_OverrideMixin):
@@ -102,7 +79,7 @@ class MPNetAttentionMixin(_OverrideMixin):
 
     def papa_setup(self, heads: PapaHeads, max_length: int, dtype: torch.dtype, trainable: bool) -> None:
         self.papa_heads, self.papa_rows = heads, {}
-        self._papa_shrink(("q", "k"))
+        shrink_projections(self, ("q", "k"), heads)
         add_constants(self, heads, max_length, dtype, trainable)
 
     def forward(self, hidden_states, attention_mask=None, position_bias=None, output_attentions=False, **kwargs):
@@ -132,7 +109,7 @@ class DebertaV2AttentionMixin(_OverrideMixin):
 
     def papa_setup(self, heads: PapaHeads, max_length: int, dtype: torch.dtype, trainable: bool) -> None:
         self.papa_heads, self.papa_rows = heads, {}
-        self._papa_shrink(("query_proj", "key_proj", "pos_key_proj", "pos_query_proj"))
+        shrink_projections(self, ("query_proj", "key_proj", "pos_key_proj", "pos_query_proj"), heads)
         # The parent's methods size their per-head views with num_attention_heads: the kept heads.
         self.num_attention_heads = len(heads.kept)
         add_constants(self, heads, max_length, dtype, trainable)
@@ -196,7 +173,7 @@ class DebertaAttentionMixin(_OverrideMixin):
             rows = heads.rows(heads.kept)
             self.q_bias = nn.Parameter(self.q_bias.detach()[rows].clone())
             self.papa_rows["q_bias"] = ("q_bias", rows)
-            self._papa_shrink(("pos_proj", "pos_q_proj"))
+            shrink_projections(self, ("pos_proj", "pos_q_proj"), heads)
         self.num_attention_heads = len(heads.kept)
         add_constants(self, heads, max_length, dtype, trainable)
 
@@ -222,7 +199,7 @@ class DebertaAttentionMixin(_OverrideMixin):
             q, k, v_kept = qkv.chunk(3, dim=-1)  # each (B, Hk, N, d)
         if self.papa_value_proj is not None:
             v_const = self.papa_value_proj(hidden_states).view(b, n, -1, d).transpose(1, 2)  # (B, Hc, N, d)
-            value = merge_heads(v_kept, v_const, heads, dim=1)
+            value = combine_heads(v_kept, v_const, heads, dim=1)
         else:
             value = v_kept  # every head has its q/k/v in in_proj (no constants, or lambda mixing)
         value = value + self.v_bias.view(1, h, 1, d)  # (B, H, N, d)
@@ -260,8 +237,8 @@ _MIXINS = {"mpnet": MPNetAttentionMixin, "deberta": DebertaAttentionMixin, "debe
 
 def _build(name: str, mixin: type, family, parent_name: str) -> type:
     if name not in globals():
-        module = importlib.import_module(f"transformers.models.{family.module}.modeling_{family.module}")
-        globals()[name] = type(name, (mixin, getattr(module, parent_name)), {"__module__": __name__})
+        parent = getattr(family.transformers_module(), parent_name)
+        globals()[name] = type(name, (mixin, parent), {"__module__": __name__})
     return globals()[name]
 
 

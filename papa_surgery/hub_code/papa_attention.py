@@ -20,7 +20,7 @@ from __future__ import annotations
 import functools
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
@@ -56,6 +56,15 @@ class PapaHeads:
     head_dim: int
     kept: tuple[int, ...]
     const: tuple[int, ...]
+    # Derived once here, read on every forward.
+    mixed: bool = field(init=False)  # lambda training: every head is kept and constant
+    order: tuple[int, ...] | None = field(init=False)  # puts cat([kept, const]) back in head order (None: in order)
+
+    def __post_init__(self):
+        object.__setattr__(self, "mixed", bool(set(self.kept) & set(self.const)))
+        position = {h: i for i, h in enumerate((*self.kept, *self.const))}
+        order = tuple(position[h] for h in range(self.num_heads))
+        object.__setattr__(self, "order", None if order == tuple(range(self.num_heads)) else order)
 
     @classmethod
     def build(cls, layer, num_heads, head_dim, constant_heads, kept_heads=None) -> PapaHeads:
@@ -74,18 +83,6 @@ class PapaHeads:
             )
         return heads
 
-    @property
-    def mixed(self) -> bool:
-        """Lambda training: every head is kept and constant."""
-        return bool(set(self.kept) & set(self.const))
-
-    @property
-    def order(self) -> list[int] | None:
-        """Index that puts ``cat([kept, const])`` heads back in head order (``None``: already in order)."""
-        position = {h: i for i, h in enumerate((*self.kept, *self.const))}
-        order = [position[h] for h in range(self.num_heads)]
-        return None if order == list(range(self.num_heads)) else order
-
     def rows(self, heads: Sequence[int]) -> list[int]:
         """Rows of a (H*d, ...) per-head projection that belong to ``heads``."""
         d = self.head_dim
@@ -102,14 +99,28 @@ def select_heads(x: torch.Tensor, heads: Sequence[int], num_heads: int, dim: int
     return x.index_select(dim, torch.tensor(heads, device=x.device))
 
 
-def merge_heads(kept: torch.Tensor | None, const: torch.Tensor | None, heads: PapaHeads, dim: int) -> torch.Tensor:
-    """Kept and constant heads' tensors (heads along ``dim``) back in head order."""
-    if kept is None:
-        return const
-    if const is None:
-        return kept
+def combine_heads(
+    kept: torch.Tensor | None,
+    const: torch.Tensor | None,
+    heads: PapaHeads,
+    dim: int,
+    lambda_logits: torch.Tensor | None = None,
+) -> torch.Tensor | None:
+    """Kept and constant heads' tensors (heads along ``dim``) as one tensor of every head.
+
+    Normally the two sets are disjoint and are put back in head order. In lambda training every head is in
+    both and the result is ``lambda * kept + (1 - lambda) * const`` per head, ``lambda = sigmoid(logits)``.
+    """
+    if kept is None or const is None:
+        return const if kept is None else kept
+    const = const.to(kept.dtype)
+    if heads.mixed:
+        shape = [1] * kept.dim()
+        shape[dim] = heads.num_heads
+        lam = torch.sigmoid(lambda_logits).to(kept.dtype).view(shape)  # 1 everywhere but the head dim
+        return lam * kept + (1 - lam) * const
+    merged = torch.cat([kept, const], dim=dim)
     order = heads.order
-    merged = torch.cat([kept, const.to(kept.dtype)], dim=dim)
     return merged if order is None else merged.index_select(dim, torch.tensor(order, device=merged.device))
 
 
@@ -158,29 +169,38 @@ def add_constants(module: nn.Module, heads: PapaHeads, max_length: int, dtype: t
         module.papa_lambda_logits = nn.Parameter(torch.zeros(heads.num_heads, dtype=torch.float32, device=device))
 
 
+def shrink_projections(module: nn.Module, names: Sequence[str], heads: PapaHeads, stand_in=None) -> None:
+    """Keep only the kept heads' rows of each per-head projection in ``names``, in place.
+
+    Absent projections (``None``) are skipped; with no kept head a projection becomes ``stand_in``. Which
+    source rows each shrunk weight keeps is recorded in ``module.papa_rows`` (``convert`` builds the
+    checkpoint's state dict from it). Nothing changes without constant heads, or in lambda training.
+    """
+    if not heads.const or heads.mixed:
+        return
+    rows = heads.rows(heads.kept)
+    for name in names:
+        linear = getattr(module, name, None)
+        if linear is None:
+            continue
+        delattr(module, name)
+        setattr(module, name, shrink_linear(linear, rows) if rows else stand_in)
+        if rows:
+            module.papa_rows[f"{name}.weight"] = (f"{name}.weight", rows)
+            if linear.bias is not None:
+                module.papa_rows[f"{name}.bias"] = (f"{name}.bias", rows)
+
+
 def setup_interface_attention(
     module: nn.Module, family, heads: PapaHeads, max_length: int, dtype: torch.dtype, trainable: bool
 ) -> None:
     """Turn one interface-family self-attention module into PAPA attention, in place.
 
     Shrinks the query/key projections to the kept heads (a weightless :func:`no_heads` stand-in when none
-    is kept), adds the constants, and records in ``papa_rows`` which source rows each shrunk weight keeps
-    (``convert`` builds the checkpoint's state dict from it).
+    is kept, since the family's forward still calls them) and adds the constants.
     """
-    module.papa_heads = heads
-    module.papa_rows = {}
-    if heads.const and not heads.mixed:
-        for name in (family.q, family.k):
-            linear = getattr(module, name)
-            delattr(module, name)
-            if heads.kept:
-                rows = heads.rows(heads.kept)
-                setattr(module, name, shrink_linear(linear, rows))
-                module.papa_rows[f"{name}.weight"] = (f"{name}.weight", rows)
-                if linear.bias is not None:
-                    module.papa_rows[f"{name}.bias"] = (f"{name}.bias", rows)
-            else:
-                setattr(module, name, functools.partial(no_heads, head_dim=heads.head_dim))
+    module.papa_heads, module.papa_rows = heads, {}
+    shrink_projections(module, (family.q, family.k), heads, functools.partial(no_heads, head_dim=heads.head_dim))
     add_constants(module, heads, max_length, dtype, trainable)
 
 
@@ -237,18 +257,14 @@ def papa_attention_forward(
     const_ctx, const_p = constant_attention(module.papa_constants, papa_slots, v_const, dropout)
     const_out = const_ctx.transpose(1, 2)  # (B, N, Hc, d)
 
-    if heads.mixed:  # B = lambda * A + (1 - lambda) * C, per head
-        lam = torch.sigmoid(module.papa_lambda_logits).to(kept_out.dtype)  # (H,)
-        out = lam.view(1, 1, h, 1) * kept_out + (1 - lam.view(1, 1, h, 1)) * const_out.to(kept_out.dtype)
-        mixed_w = None if kept_w is None else lam.view(1, h, 1, 1) * kept_w + (1 - lam.view(1, h, 1, 1)) * const_p
-        return out, mixed_w
-    out = merge_heads(kept_out, const_out, heads, dim=2)  # (B, N, H, d)
-    if heads.kept and kept_w is None and not kwargs.get("output_attentions"):
-        return out, None
+    logits = module.papa_lambda_logits if heads.mixed else None
+    out = combine_heads(kept_out, const_out, heads, dim=2, lambda_logits=logits)  # (B, N, H, d)
     if heads.kept and kept_w is None:  # sdpa/flash materialise no weights for the kept heads
+        if heads.mixed or not kwargs.get("output_attentions"):
+            return out, None
         b, n = papa_slots.shape
         kept_w = const_p.new_full((b, len(heads.kept), n, n), float("nan"))
-    return out, merge_heads(kept_w, const_p, heads, dim=1)  # (B, H, N, N)
+    return out, combine_heads(kept_w, const_p, heads, dim=1, lambda_logits=logits)  # (B, H, N, N)
 
 
 def papa_mask_function(base: str):
