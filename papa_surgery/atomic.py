@@ -135,12 +135,7 @@ def _renameat2_noreplace(src: str, dst: str) -> bool:
     except (OSError, AttributeError):
         return False
     at_fdcwd, rename_noreplace = -100, 1
-    if fn(at_fdcwd, os.fsencode(src), at_fdcwd, os.fsencode(dst), rename_noreplace) == 0:
-        return True
-    err = ctypes.get_errno()
-    if err in (errno.ENOSYS, errno.EINVAL, errno.ENOTSUP):
-        return False
-    raise OSError(err, os.strerror(err), dst)
+    return _renamed(fn(at_fdcwd, os.fsencode(src), at_fdcwd, os.fsencode(dst), rename_noreplace), dst)
 
 
 def _renamex_excl(src: str, dst: str) -> bool:
@@ -153,7 +148,14 @@ def _renamex_excl(src: str, dst: str) -> bool:
         fn = ctypes.CDLL(None, use_errno=True).renamex_np
     except (OSError, AttributeError):
         return False
-    if fn(os.fsencode(src), os.fsencode(dst), 0x4) == 0:
+    return _renamed(fn(os.fsencode(src), os.fsencode(dst), 0x4), dst)  # 0x4: RENAME_EXCL
+
+
+def _renamed(result: int, dst: str) -> bool:
+    """A rename syscall's result: True when done, False when the call is unsupported here, else OSError."""
+    import ctypes
+
+    if result == 0:
         return True
     err = ctypes.get_errno()
     if err in (errno.ENOSYS, errno.EINVAL, errno.ENOTSUP):
