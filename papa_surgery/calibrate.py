@@ -27,9 +27,6 @@ from .encoding import encode, model_inputs
 from .hub_code.modeling_papa import attention_modules
 from .hub_code.slots import compute_slots
 
-# Families whose self-attention returns its probabilities only when asked to.
-_NEEDS_OUTPUT_ATTENTIONS = ("mpnet", "deberta", "deberta-v2")
-
 
 def _shard(corpus: Corpus, rank: int, world: int) -> Iterator:
     for i, example in enumerate(corpus):
@@ -158,7 +155,7 @@ def calibrate(
             enc = encode(tokenizer, batch, max_length, pairs=pairs).to(device)
             slots = compute_slots(enc["input_ids"], enc["attention_mask"], max_length, tokenizer.sep_token_id)
             acc.start_batch(SlotLayout(slots, max_length))
-            model(**model_inputs(model, enc), output_attentions=family.model_type in _NEEDS_OUTPUT_ATTENTIONS)
+            model(**model_inputs(model, enc), output_attentions=family.needs_output_attentions)
         acc.reduce()
     finally:
         for h in handles:

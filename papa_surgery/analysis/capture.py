@@ -13,13 +13,12 @@ from contextlib import contextmanager
 import torch
 
 from ..architectures import get_family
-from ..calibrate import _NEEDS_OUTPUT_ATTENTIONS
 from ..hub_code.modeling_papa import attention_modules
 
 
 def needs_output_attentions(model) -> bool:
     """Whether the family's self-attention returns its probabilities only with ``output_attentions=True``."""
-    return get_family(model).model_type in _NEEDS_OUTPUT_ATTENTIONS
+    return get_family(model).needs_output_attentions
 
 
 @contextmanager

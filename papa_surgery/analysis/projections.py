@@ -1,9 +1,8 @@
 """Per-head value and output projections: f_h(x) = (x W_V^h + b_V^h) W_O^h, family by family.
 
-``hub_code/families.py`` names each family's query/key/value projections; the analyses also need the
-output projection that mixes the heads back into the residual stream, which for BERT-like families lives
-outside the self-attention module (``BertSelfOutput.dense``). That knowledge is data here, keyed by
-``model_type``, so the family table that ships in checkpoints stays unchanged.
+The family table (``hub_code/families.py``) names each family's value projection and the output
+projection that mixes the heads back into the residual stream, which for BERT-like families lives outside
+the self-attention module (``BertSelfOutput.dense``).
 """
 
 from __future__ import annotations
@@ -15,23 +14,6 @@ import torch
 from ..architectures import get_family, num_heads_layers
 from ..hub_code.modeling_papa import attention_modules
 from .linalg import lapack_threads
-
-# Where the output projection sits, relative to the self-attention module ("../" = its parent module).
-OUTPUT_PROJECTIONS: dict[str, str] = {
-    "bert": "../output.dense",
-    "roberta": "../output.dense",
-    "xlm-roberta": "../output.dense",
-    "electra": "../output.dense",
-    "distilbert": "out_lin",
-    "mpnet": "o",
-    "deberta": "../output.dense",
-    "deberta-v2": "../output.dense",
-}
-
-# Families whose value rows hide in a fused projection: DeBERTa v1's ``in_proj`` holds, per head, its
-# query, key and value rows interleaved ([q_0 k_0 v_0 q_1 k_1 v_1 ...], head size each), and the value bias
-# is the separate ``v_bias`` parameter.
-FUSED_QKV: dict[str, str] = {"deberta": "v_bias"}
 
 
 @dataclass
@@ -114,7 +96,7 @@ def _resolve(root: torch.nn.Module, modules: dict, name: str, path: str) -> torc
 def output_projection_modules(model) -> list[torch.nn.Module]:
     """The output projection (an ``nn.Linear`` over the concatenated heads) of every layer, in layer order."""
     family = get_family(model)
-    path = OUTPUT_PROJECTIONS[family.model_type]
+    path = family.output_projection
     names = {id(m): n for n, m in model.named_modules()}
     modules = dict(model.named_modules())
     return [_resolve(model, modules, names[id(m)], path) for m in attention_modules(model)]
@@ -123,18 +105,16 @@ def output_projection_modules(model) -> list[torch.nn.Module]:
 def head_projections(model) -> list[HeadProjections]:
     """Per-layer ``HeadProjections`` of a supported source model (float32 copies of the weights)."""
     family = get_family(model)
-    if family.model_type not in OUTPUT_PROJECTIONS:
-        raise ValueError(f"no output projection known for model_type={family.model_type!r}")
     heads, _ = num_heads_layers(model.config)
     out = []
     for attn, proj in zip(attention_modules(model), output_projection_modules(model), strict=True):
         w_o_full = proj.weight.detach().float()  # (D, H*d)
         d_model, width = w_o_full.shape
         d = width // heads
-        if family.model_type in FUSED_QKV:
+        if family.fused_value_bias is not None:
             w = getattr(attn, family.v).weight.detach().float()  # (3*H*d, D)
             w_rows = w.view(heads, 3, d, -1)[:, 2]  # (H, d, D): each head's value rows
-            b_v = getattr(attn, FUSED_QKV[family.model_type]).detach().float().view(heads, d)
+            b_v = getattr(attn, family.fused_value_bias).detach().float().view(heads, d)
         else:
             lin = getattr(attn, family.v)
             w_rows = lin.weight.detach().float().view(heads, d, -1)  # (H, d, D)

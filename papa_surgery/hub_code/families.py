@@ -36,6 +36,12 @@ class Family:
         out: output projection inside the self-attention module (DistilBERT, MPNet), else ``None``.
         layer_class: the gradient-checkpointed layer class of an override family (``style`` other than
             ``interface``), which carries the batch's slots into recomputation; ``None`` otherwise.
+        output_projection: where the output projection that mixes the heads back into the residual
+            stream sits, relative to the self-attention module (``../`` = its parent module).
+        fused_value_bias: the separate value-bias parameter of a fused query/key/value projection
+            (DeBERTa v1's ``in_proj`` holds, per head, its q, k and v rows interleaved), else ``None``.
+        needs_output_attentions: the self-attention returns its probabilities only when the model is
+            called with ``output_attentions=True`` (calibration and the analyses read them).
         heads_attr: config attribute holding the number of heads per layer.
         layers_attr: config attribute holding the number of layers.
         middle_separators: separator tokens between the two segments of a pair (RoBERTa-style: 2).
@@ -52,6 +58,9 @@ class Family:
     v: str = "value"
     out: str | None = None
     layer_class: str | None = None
+    output_projection: str = "../output.dense"
+    fused_value_bias: str | None = None
+    needs_output_attentions: bool = False
     heads_attr: str = "num_attention_heads"
     layers_attr: str = "num_hidden_layers"
     middle_separators: int = 1
@@ -110,6 +119,7 @@ FAMILIES: dict[str, Family] = {
             k="k_lin",
             v="v_lin",
             out="out_lin",
+            output_projection="out_lin",
             heads_attr="n_heads",
             layers_attr="n_layers",
             auto_classes=_heads("DistilBert"),
@@ -124,6 +134,8 @@ FAMILIES: dict[str, Family] = {
             k="k",
             v="v",
             out="o",
+            output_projection="o",
+            needs_output_attentions=True,
             middle_separators=2,
             auto_classes=_heads("MPNet"),
         ),
@@ -137,6 +149,8 @@ FAMILIES: dict[str, Family] = {
             k="in_proj",
             v="in_proj",
             layer_class="DebertaLayer",
+            fused_value_bias="v_bias",
+            needs_output_attentions=True,
             auto_classes=_heads("Deberta", skip=("ForMultipleChoice",)),
         ),
         Family(
@@ -149,6 +163,7 @@ FAMILIES: dict[str, Family] = {
             k="key_proj",
             v="value_proj",
             layer_class="DebertaV2Layer",
+            needs_output_attentions=True,
             auto_classes=_heads("DebertaV2"),
         ),
     ]
