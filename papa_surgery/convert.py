@@ -191,6 +191,12 @@ def linear_names(family, heads, num_layers: int, num_heads: int) -> dict[str, li
     kept = [layer for layer in all_layers if len(set(constant.get(layer, []))) < num_heads]
     if family.style == "deberta":  # fused q/k/v: in_proj stays where a head is kept
         return {"in_proj": kept, "papa_value_proj": [layer for layer in all_layers if constant.get(layer)]}
+    if family.fused_qkv:  # ModernBERT: Wqkv stays a Linear where no head is constant, else Wqkv.proj holds its rows
+        return {
+            family.q: [layer for layer in all_layers if not constant.get(layer)],
+            f"{family.q}.proj": [layer for layer in all_layers if constant.get(layer)],
+            family.out: all_layers,
+        }
     names = {family.q: kept, family.k: kept, family.v: all_layers}
     if family.out:
         names[family.out] = all_layers

@@ -162,6 +162,7 @@ class PapaModelMixin:
 
         ``papa_slots`` (B, N) overrides the slots computed from ``input_ids`` and ``attention_mask``.
         """
+        _refuse_task_adapters(inputs)
         if not self.config.papa_constant_heads:
             return super().forward(**inputs)
         if papa_slots is None:
@@ -175,6 +176,21 @@ class PapaModelMixin:
             return super().forward(**inputs, papa_slots=papa_slots)
         with slot_scope(papa_slots):
             return super().forward(**inputs)
+
+
+def _refuse_task_adapters(inputs: dict) -> None:
+    """Jina-v3's remote code picks a task LoRA with ``task=``/``adapter_mask=``; transformers' class has none.
+
+    transformers would pass the unknown keyword on to the attention function, which ignores it: refuse
+    rather than silently encode without the task adapter.
+    """
+    given = sorted(k for k in ("task", "task_id", "adapter_mask") if inputs.get(k) is not None)
+    if given:
+        raise ValueError(
+            f"{given[0]}= selects a task adapter, which transformers' native classes (and so PAPA checkpoints) do "
+            "not have: encode without it, with the instruction prefix of the task in the text; a task LoRA made "
+            "for the source's full query/key projections does not fit a PAPA model's shrunk ones"
+        )
 
 
 def _refuse_embedded_pairs(token_type_ids, attention_mask) -> None:
