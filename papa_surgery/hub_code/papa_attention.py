@@ -338,7 +338,6 @@ def papa_attention_forward(
             "PAPA constant heads need padded batches: packed sequences (cu_seq_lens) give no per-example slots; "
             "pass a padded batch with its attention_mask"
         )
-    h = heads.num_heads
     kept_out = kept_w = None
     if heads.kept:
         if isinstance(getattr(module, "Wqkv", None), PapaFusedQKV):  # zeros stand for the constant heads' Q/K
