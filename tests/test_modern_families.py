@@ -128,11 +128,8 @@ def test_slot_path_equals_padded_reference_with_rotary_positions(tiny, model_typ
     heads = [[0, 1], [0, 3], [1, 0], [1, 1], [1, 2], [1, 3]]
     model = make_papa(src, heads, make_constants("random", LAYERS, HEADS, L, seed=2), L, tok.sep_token_id)
     examples = PAIRS if pairs else SENTENCES
-    enc = (
-        tok(*zip(*examples), padding=True, return_tensors="pt")
-        if pairs
-        else tok(examples, padding=True, return_tensors="pt")
-    )
+    texts = ([a for a, _ in examples], [b for _, b in examples]) if pairs else (examples,)
+    enc = tok(*texts, padding=True, return_tensors="pt")
     enc = {k: v for k, v in enc.items() if k in ("input_ids", "attention_mask")}
     got = run(model, enc).last_hidden_state
     for b, example in enumerate(examples):
