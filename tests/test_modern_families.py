@@ -166,3 +166,54 @@ def test_an_older_transformers_is_refused_with_the_release_needed(model_type):
     with pytest.raises(ImportError, match=rf"{model_type} models need transformers>={need}"):
         family.check_transformers("5.0.0")
     family.check_transformers(f"{family.min_transformers[0]}.{family.min_transformers[1]}.0")
+
+
+@pytest.mark.parametrize("model_type", ["modernbert", "eurobert", "jina_embeddings_v3"])
+def test_inspect_and_card_name_the_family_specifics(tiny, tmp_path, model_type):
+    from papa_surgery.card import write_card
+    from papa_surgery.constants import Constants
+    from papa_surgery.convert import convert, save_checkpoint
+    from papa_surgery.inspect_checkpoint import describe, format_description
+
+    src, tok = tiny.model(model_type), tiny.tokenizer(model_type)
+    papa = convert(src, Constants(make_constants("random", LAYERS, HEADS, L), "test", L), [[0, 1]], tokenizer=tok)
+    out = save_checkpoint(papa, tmp_path / "ckpt", tokenizer=tok, card=False)
+    family = FAMILIES[model_type]
+    specific = {"modernbert": "sliding window", "eurobert": "grouped-query", "jina_embeddings_v3": "task="}
+    assert specific[model_type] in family.notes
+    text = format_description(describe(out))
+    assert family.notes in text and "needs transformers>=5.23" in text
+    card = write_card(out).read_text()
+    assert "family specifics" in card and specific[model_type] in card
+
+
+@pytest.mark.parametrize("model_type", MODERN_TYPES)
+def test_every_kind_method_and_path_runs(tiny, tmp_path, model_type):
+    """calibrate (every kind) -> rank (every method, lambda included) -> convert -> probe -> analyze, per family."""
+    from papa_surgery import api
+    from papa_surgery.constants import KINDS
+    from papa_surgery.ranking import LABEL_FREE_METHODS
+
+    src, tok = tiny.model(model_type, head="AutoModelForSequenceClassification"), tiny.tokenizer(model_type)
+    sentences = SENTENCES * 2
+    data = tmp_path / "data" / "glue" / "sst2"
+    data.mkdir(parents=True)
+    rows = "".join(f"{s}\t{i % 2}\n" for i, s in enumerate(sentences * 4))
+    (data / "train.tsv").write_text("sentence\tlabel\n" + rows)
+    (data / "dev.tsv").write_text("sentence\tlabel\n" + rows)
+    by_kind = {kind: api.calibrate(src, tok, sentences, kind=kind, max_length=L, progress=False) for kind in KINDS}
+    assert all(c.values.shape == (LAYERS, HEADS, L, L) for c in by_kind.values())
+    average = by_kind["average"]
+    for method in (*LABEL_FREE_METHODS, "lambda"):
+        options = dict(task="sst2", data_dir=tmp_path / "data", epochs=1, progress=False) if method == "lambda" else {}
+        constants = by_kind["norm-average"] if method == "norm" else average
+        ranking = api.rank(method, src, tok, constants=constants, **options)
+        assert sorted(map(tuple, ranking.order)) == [(a, b) for a in range(LAYERS) for b in range(HEADS)], method
+    api.convert(src, average, ranking=ranking, fraction=0.5, tokenizer=tok)
+    # The probe reads the encoder's hidden states: convert the encoder itself (AutoModel) for it.
+    papa = api.convert(src.base_model, average, ranking=ranking, fraction=0.5, tokenizer=tok)
+    result = api.probe(papa, tok, "sst2", data_dir=tmp_path / "data", epochs=1, progress=False)
+    assert 0.0 <= result["score"] <= 1.0
+    for which in ("norms", "effective"):
+        summary = api.analyze(src, tok, sentences, which, tmp_path / which, max_length=L, progress=False)
+        assert summary["files"], which
