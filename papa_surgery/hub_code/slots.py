@@ -6,6 +6,10 @@ L/2+1) with the second segment right after, and the last real token (the final s
 Inputs are never padded to L: each real token gets a slot index and a constant head reads
 ``C[slot_i, slot_j]`` for the example's real tokens only.
 
+A local (sliding-window) layer passes its half window w to :func:`constant_attention`: slots are not
+distances (a pair's second segment starts at L/2, the final token sits at L-1), so the window is applied
+on the batch's token positions when the constant is used, never baked into C (papa_attention.py).
+
 Everything here is pure tensor arithmetic with no data-dependent Python branch, so a model that uses it
 traces (``torch.export``, ONNX dynamo export, ``torch.compile(fullgraph=True)``). The one check on the
 data, "does the input fit in L slots", is a ``ValueError`` in eager mode and a runtime assertion in a
