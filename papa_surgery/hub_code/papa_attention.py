@@ -264,6 +264,7 @@ def _shrink_fused(module: nn.Module, name: str, heads: PapaHeads) -> None:
         return
     fused = PapaFusedQKV(getattr(module, name), heads)
     setattr(module, name, fused)
+    module.papa_zero_qk = True  # the Q/K handed to the attention function carry zeros for the constant heads
     module.papa_rows[f"{name}.proj.weight"] = (f"{name}.weight", fused.rows)
     if fused.proj.bias is not None:
         module.papa_rows[f"{name}.proj.bias"] = (f"{name}.bias", fused.rows)
@@ -340,7 +341,7 @@ def papa_attention_forward(
         )
     kept_out = kept_w = None
     if heads.kept:
-        if isinstance(getattr(module, "Wqkv", None), PapaFusedQKV):  # zeros stand for the constant heads' Q/K
+        if getattr(module, "papa_zero_qk", False):  # fused Q/K: zeros stand for the constant heads, kept first
             query, key = query[:, : len(heads.kept)], key[:, : len(heads.kept)]  # (B, Hk, N, d)
         if hasattr(module, "papa_key"):  # grouped-query attention, run as multi-head over the kept heads
             key = key.index_select(1, torch.tensor(module.papa_key, device=key.device))  # (B, Hk, N, d)
