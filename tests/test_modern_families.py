@@ -210,8 +210,10 @@ def test_every_kind_method_and_path_runs(tiny, tmp_path, model_type):
         ranking = api.rank(method, src, tok, constants=constants, **options)
         assert sorted(map(tuple, ranking.order)) == [(a, b) for a in range(LAYERS) for b in range(HEADS)], method
     api.convert(src, average, ranking=ranking, fraction=0.5, tokenizer=tok)
-    # The probe reads the encoder's hidden states: convert the encoder itself (AutoModel) for it.
-    papa = api.convert(src.base_model, average, ranking=ranking, fraction=0.5, tokenizer=tok)
+    # The probe reads the encoder's hidden states: convert an encoder (AutoModel), with its own constants.
+    encoder = tiny.model(model_type)
+    own = api.calibrate(encoder, tok, sentences, max_length=L, progress=False)
+    papa = api.convert(encoder, own, ranking="variance", fraction=0.5, tokenizer=tok)
     result = api.probe(papa, tok, "sst2", data_dir=tmp_path / "data", epochs=1, progress=False)
     assert 0.0 <= result["score"] <= 1.0
     for which in ("norms", "effective"):
