@@ -1,4 +1,6 @@
-"""The results file of a sweep: one JSON line per probed cell, appended and flushed as cells finish.
+"""The results file of a sweep: one JSON line per scored cell, appended and flushed as cells finish.
+
+Probe and fine-tuning rows may share a file: the row's ``protocol`` is part of its resume key.
 
 Shared by ``sweep`` (resume: skip cells already in the file) and ``report`` (tables and figures).
 """
@@ -9,16 +11,23 @@ import contextlib
 import json
 import logging
 import os
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 logger = logging.getLogger("papa_surgery")
 
 TASK_CORPUS = "task"  # the task's own training texts, labels unused (paper 4.1)
 KEY_FIELDS = ("model", "task", "fraction", "kind", "method", "seed", "corpus")
+DEFAULT_PROTOCOL = "probe"  # rows written before fine-tuning existed are probe rows
+
+
+def protocol(row: dict) -> str:
+    """How a row's score was made: ``probe`` (frozen backbone, the paper's) or ``finetune`` (end to end)."""
+    return str(row.get("protocol") or DEFAULT_PROTOCOL)
 
 
 def cell_key(row: dict) -> tuple:
-    """The resume key of a results row: (model, task, fraction, kind, method, seed, corpus)."""
+    """The resume key of a results row: (model, task, fraction, kind, method, seed, corpus, protocol)."""
     corpus = row.get("corpus") or TASK_CORPUS
     return (
         str(row["model"]),
@@ -28,7 +37,40 @@ def cell_key(row: dict) -> tuple:
         str(row["method"]),
         int(row["seed"]),
         str(corpus),
+        protocol(row),
     )
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One cell of a sweep: the model, task, conversion (fraction, kind, method, corpus), seed and protocol.
+
+    A results row is a cell's fields plus what scoring it measured; ``key`` is the resume key of both.
+    """
+
+    model: str
+    task: str
+    fraction: float
+    kind: str
+    method: str
+    seed: int
+    corpus: str = TASK_CORPUS
+    protocol: str = DEFAULT_PROTOCOL
+
+    @property
+    def key(self) -> tuple:
+        return cell_key(self.fields())
+
+    def fields(self) -> dict:
+        """The cell as the leading fields of its results row."""
+        return asdict(self)
+
+    def with_protocol(self, name: str) -> Cell:
+        return replace(self, protocol=name)
+
+    def describe(self) -> str:
+        """A short label for progress bars."""
+        return f"{self.task} {self.kind}/{self.method} f={self.fraction:g} seed={self.seed}"
 
 
 @contextlib.contextmanager
@@ -57,10 +99,11 @@ def locked(path: str | Path):
             fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
 
 
-def check_options(rows: list[dict], cell: dict, options: dict, path) -> None:
-    """ValueError when ``path`` holds rows of the same model and task made with other score-changing options."""
+def check_options(rows: list[dict], cell: Cell, options: dict, path) -> None:
+    """ValueError when ``path`` holds rows of the same model, task and protocol made with other score-changing
+    options."""
     for row in rows:
-        if row.get("model") != cell["model"] or row.get("task") != cell["task"]:
+        if (row.get("model"), row.get("task"), protocol(row)) != (cell.model, cell.task, cell.protocol):
             continue
         recorded = row.get("options")
         if not isinstance(recorded, dict):
@@ -69,7 +112,7 @@ def check_options(rows: list[dict], cell: dict, options: dict, path) -> None:
             if name in recorded and recorded[name] != value:
                 flag = "--" + name.replace("_", "-")
                 raise ValueError(
-                    f"{path} holds {cell['task']} results of {cell['model']} made with {flag} {recorded[name]} "
+                    f"{path} holds {cell.task} results of {cell.model} made with {flag} {recorded[name]} "
                     f"(this run: {value}); resume with the same options, or write to another --out"
                 )
 
