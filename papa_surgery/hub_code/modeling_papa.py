@@ -175,9 +175,19 @@ class PapaModelMixin:
 
         ``papa_slots`` (B, N) overrides the slots computed from ``input_ids`` and ``attention_mask``.
         """
+        return self._with_slots(super().forward, papa_slots, inputs)
+
+    def papa_base_forward(self, papa_slots: torch.Tensor | None = None, **inputs):
+        """The encoder under the task head (``self.base_model``) with the batch's slots: its outputs without
+        the head's compute (a probe reads the hidden states of every layer)."""
+        base = self.base_model
+        run = super().forward if base is self else base.forward
+        return self._with_slots(run, papa_slots, inputs)
+
+    def _with_slots(self, run, papa_slots: torch.Tensor | None, inputs: dict):
         _refuse_task_adapters(inputs)
         if not self.config.papa_constant_heads:
-            return super().forward(**inputs)
+            return run(**inputs)
         if papa_slots is None:
             input_ids, embeds = inputs.get("input_ids"), inputs.get("inputs_embeds")
             if input_ids is None and embeds is None:
@@ -186,9 +196,9 @@ class PapaModelMixin:
                 _refuse_embedded_pairs(inputs.get("token_type_ids"), inputs.get("attention_mask"))
             papa_slots = self.papa_slots(input_ids, inputs.get("attention_mask"), embeds)
         if self.papa_uses_interface:
-            return super().forward(**inputs, papa_slots=papa_slots)
+            return run(**inputs, papa_slots=papa_slots)
         with slot_scope(papa_slots):
-            return super().forward(**inputs)
+            return run(**inputs)
 
 
 def _refuse_task_adapters(inputs: dict) -> None:
