@@ -176,6 +176,37 @@ def test_pickle_round_trip(tiny, model_type, tmp_path):
         assert torch.equal(loaded(**enc).last_hidden_state, papa(**enc).last_hidden_state)
 
 
+def test_each_module_runs_its_own_copy_of_the_attention_code(tiny):
+    """transformers' table of attention functions is global: whichever copy of hub_code registered ``papa_sdpa``
+    last, a model's modules run the code they were built with (two checkpoints of different versions in one
+    process each keep theirs)."""
+    from transformers import AttentionInterface
+
+    from papa_surgery.hub_code import papa_attention
+
+    _, tok, papa = papa_of(tiny, "bert")
+    enc = batch(tok, SENTENCES)
+    with torch.no_grad():
+        expected = papa(**enc).last_hidden_state
+    calls = []
+
+    def own_copy(module, *args, **kwargs):
+        calls.append(module)
+        return papa_attention.papa_attention_forward(module, *args, **kwargs)
+
+    modules = [m for m in papa.modules() if hasattr(m, "papa_attention_impl")]
+    assert AttentionInterface._global_mapping["papa_sdpa"].func is papa_attention._module_attention
+    try:
+        for m in modules:
+            m.papa_attention_impl = own_copy
+        with torch.no_grad():
+            got = papa(**enc).last_hidden_state
+    finally:
+        for m in modules:
+            m.papa_attention_impl = papa_attention.papa_attention_forward
+    assert calls == modules and torch.equal(got, expected)
+
+
 @pytest.mark.parametrize("model_type", ["bert", "mpnet"])
 def test_threads_get_their_own_results(tiny, model_type):
     _, tok, papa = papa_of(tiny, model_type)

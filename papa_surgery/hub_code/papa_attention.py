@@ -246,6 +246,10 @@ def setup_interface_attention(
     is kept, since the family's forward still calls them) and adds the constants.
     """
     module.papa_heads, module.papa_rows = heads, {}
+    # transformers keeps one global table of attention functions, so the ``papa_*`` entry is whichever copy
+    # of this file registered last (the library's, or another checkpoint's older code); each module keeps
+    # its own copy's forward, and the registered entry calls that.
+    module.papa_attention_impl = papa_attention_forward
     if family.window_attr and getattr(module, "sliding_window", None) is not None:
         module.papa_window = int(getattr(module.config, family.window_attr))
     if family.fused_qkv:
@@ -380,11 +384,16 @@ def papa_mask_function(base: str):
     return ALL_MASK_ATTENTION_FUNCTIONS[base if base in ALL_MASK_ATTENTION_FUNCTIONS else "sdpa"]
 
 
+def _module_attention(module: nn.Module, *args, **kwargs):
+    """The registered ``papa_*`` function: the module's own copy of :func:`papa_attention_forward`."""
+    return getattr(module, "papa_attention_impl", papa_attention_forward)(module, *args, **kwargs)
+
+
 def register_papa_attention() -> None:
     """Register ``papa_<base>`` attention and mask functions for every known underlying implementation."""
     from transformers.masking_utils import AttentionMaskInterface
     from transformers.modeling_utils import AttentionInterface
 
     for base in BASE_IMPLEMENTATIONS:
-        AttentionInterface.register(PAPA_PREFIX + base, functools.partial(papa_attention_forward, papa_base=base))
+        AttentionInterface.register(PAPA_PREFIX + base, functools.partial(_module_attention, papa_base=base))
         AttentionMaskInterface.register(PAPA_PREFIX + base, papa_mask_function(base))
