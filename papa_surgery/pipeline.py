@@ -13,6 +13,7 @@ import logging
 import os
 from pathlib import Path
 
+from .distributed import is_main_process, on_main, world_size
 from .options import CalibrationOptions, ConvertOptions, PushOptions, RankOptions, RunOptions
 from .preflight import (
     check_max_length,
@@ -212,6 +213,9 @@ def run_convert(
     )
     recipe = build_recipe(papa, constants, ranking, command=command)
     recipe["source"].update(source_record(model_name, path, info))
+    recipe["processes"] = world_size()
+    if not is_main_process():  # under torchrun / accelerate launch: rank 0 writes and pushes
+        return out
     save_checkpoint(papa, out, tokenizer=tokenizer, recipe=recipe, overwrite=conv.overwrite, results=conv.results)
     if do_push:
         from .hub import push as hub_push
@@ -236,7 +240,8 @@ def run_calibrate(
     model, tokenizer = load_model(model_name, run)
     check_pairs_fit(tokenizer, cal.max_length, cal.pairs)
     constants = obtain_constants(model, tokenizer, source, cal, run, progress=progress, corpus=corpus)
-    return constants.save(out, overwrite=overwrite)
+    on_main(constants.save, out, overwrite=overwrite)  # under torchrun / accelerate launch: rank 0 writes
+    return out
 
 
 def run_rank(
@@ -282,6 +287,7 @@ def run_rank(
     ranking = obtain_ranking(model, tokenizer, rank, constants, run, source, cal, progress)
     from .atomic import staged_file
 
-    with staged_file(out, overwrite=overwrite) as tmp:
-        ranking.save(tmp)
+    if is_main_process():
+        with staged_file(out, overwrite=overwrite) as tmp:
+            ranking.save(tmp)
     return out
