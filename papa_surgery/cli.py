@@ -243,7 +243,7 @@ def convert(ctx, model, do_push, **kwargs):
     )
     from .inspect_checkpoint import describe
 
-    d = describe(out)
+    d = describe(out) if is_main_process() else {}
     click.echo(f"wrote {out} ({d.get('num_constant_heads', '?')} of {d.get('num_heads_total', '?')} heads constant)")
 
 

@@ -189,7 +189,12 @@ def shared_failures() -> Iterator[None]:
 
 
 def on_main(fn: Callable, *args, **kwargs):
-    """``fn(*args, **kwargs)`` on rank 0 only (the others get ``None``): writes happen once."""
+    """``fn(*args, **kwargs)`` on rank 0 only (the others get ``None``), once every rank got here without error.
+
+    Every rank must call it at the same point: it starts with an :func:`agree`, so rank 0 writes only
+    what all processes finished; a failure of the write itself reaches the others at their next exchange.
+    """
+    agree()
     return fn(*args, **kwargs) if is_main_process() else None
 
 

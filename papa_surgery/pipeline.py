@@ -13,7 +13,7 @@ import logging
 import os
 from pathlib import Path
 
-from .distributed import is_main_process, on_main, world_size
+from .distributed import agree, is_main_process, on_main, world_size
 from .options import CalibrationOptions, ConvertOptions, PushOptions, RankOptions, RunOptions
 from .preflight import (
     check_max_length,
@@ -214,7 +214,8 @@ def run_convert(
     recipe = build_recipe(papa, constants, ranking, command=command)
     recipe["source"].update(source_record(model_name, path, info))
     recipe["processes"] = world_size()
-    if not is_main_process():  # under torchrun / accelerate launch: rank 0 writes and pushes
+    agree()  # under torchrun / accelerate launch: rank 0 writes and pushes, once every rank is done
+    if not is_main_process():
         return out
     save_checkpoint(papa, out, tokenizer=tokenizer, recipe=recipe, overwrite=conv.overwrite, results=conv.results)
     if do_push:
@@ -287,7 +288,9 @@ def run_rank(
     ranking = obtain_ranking(model, tokenizer, rank, constants, run, source, cal, progress)
     from .atomic import staged_file
 
-    if is_main_process():
+    def write() -> None:
         with staged_file(out, overwrite=overwrite) as tmp:
             ranking.save(tmp)
+
+    on_main(write)  # under torchrun / accelerate launch: rank 0 writes
     return out

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from ..distributed import is_main_process
+from ..distributed import agree, is_main_process
 from .streaming import CATEGORIES, WHICH, AnalysisState, stream
 
 
@@ -148,6 +148,7 @@ def analyze(
         with_categories=True,
     )
     summary = summarize(state)
+    agree()  # rank 0 writes only once every rank is done
     if not is_main_process():  # under torch.distributed rank 0 alone writes
         summary["files"] = []
         return summary
