@@ -179,3 +179,26 @@ def test_a_failure_on_one_rank_ends_both_and_writes_nothing(work, tmp_path, step
     errors = [line for line in result.stderr.splitlines() if line.startswith("Error:")]
     assert errors == ["Error: process 1 of 2 failed: injected failure on rank 1"]  # said once, by rank 0
     assert outputs(work) == before
+
+
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA"))]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_exchanged_batches_add_up_like_one_process(tiny_model, tiny_tokenizer, monkeypatch, device):
+    """The multi-process path (gather the real entries, ship them, add them back in order) run in one process
+    with every batch its own: the sums are bitwise those of adding each batch's matrices directly."""
+    import importlib
+
+    module = importlib.import_module("papa_surgery.calibrate")  # the module, not the function of that name
+    calibrate, process_batches = module.calibrate, module.process_batches
+
+    model, tok = tiny_model("bert").to(device), tiny_tokenizer("bert")
+    corpus = [f"the cat {'sat ' * (i % 5)}on mat {i} ." for i in range(11)] + ["a", "b c"]
+    direct = calibrate(model, tok, corpus, max_length=16, batch_size=3, progress=False)
+    # "two processes" whose exchange (no process group) hands back this process's own batch
+    monkeypatch.setattr(module, "process_batches", lambda *a, **k: (process_batches(*a, **k)[0], 2))
+    replayed = calibrate(model, tok, corpus, max_length=16, batch_size=3, progress=False)
+    assert replayed.metadata["processes"] == 2 and replayed.metadata["examples"] == direct.metadata["examples"]
+    for name in ("values", "counts", "variance"):
+        assert torch.equal(getattr(replayed, name), getattr(direct, name)), name
