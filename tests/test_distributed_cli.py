@@ -153,6 +153,40 @@ def test_probe_in_two_processes_equals_one_process(work, single_rows, launcher):
             assert json.loads((mine / name).read_text()) == json.loads((theirs / name).read_text())
 
 
+def test_a_resumed_probe_under_torchrun_runs_nothing(work, single_rows):
+    """Rank 0 reads the file and hands every process the cells already done: a rerun adds no row."""
+    out = work / "resumed.jsonl"
+    out.write_text((work / "single.jsonl").read_text())
+    result = ok(run_cli(TORCHRUN, "probe", "bert", *PROBE_ARGS, "--out", out.name, cwd=work))
+    assert "3 result rows" in result.stdout
+    assert out.read_text() == (work / "single.jsonl").read_text()
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ("rank", "bert", "--method", "variance", "--corpus", "corpus.txt", "--max-length", 32, "--batch-size", 4),
+        ("analyze", "bert", "norms", "--corpus", "corpus.txt", "--max-length", 32, "--batch-size", 4),
+    ],
+    ids=["rank", "analyze"],
+)
+def test_rank_and_analyze_under_torchrun_write_once(work, tmp_path, command):
+    suffix = ".json" if command[0] == "rank" else ""
+    ok(run_cli(SINGLE, *command, "--out", tmp_path / f"single{suffix}", cwd=work))
+    ok(run_cli(TORCHRUN, *command, "--out", tmp_path / f"two{suffix}", cwd=work))
+    assert outputs(tmp_path) == [f"single{suffix}", f"two{suffix}"]
+    if command[0] == "rank":  # from bitwise-equal constants: the same ranking
+        single, two = (json.loads((tmp_path / f"{n}.json").read_text()) for n in ("single", "two"))
+        assert two == single
+        return
+    assert outputs(tmp_path / "two") == outputs(tmp_path / "single")
+    single, two = (Constants.load(tmp_path / n / "norm-average.safetensors") for n in ("single", "two"))
+    assert two.metadata["processes"] == 2
+    # all-reduced fp64 sums: equal up to the order of the additions
+    assert torch.allclose(two.values, single.values, rtol=1e-12, atol=0)
+    assert torch.allclose(two.variance, single.variance, rtol=1e-12, atol=0)
+
+
 def test_convert_under_torchrun_writes_one_checkpoint(work):
     args = ("convert", "bert", "--corpus", "corpus.txt", "--max-length", 32, "--fraction", 0.5, "--batch-size", 4)
     parent = work / "checkpoints"
