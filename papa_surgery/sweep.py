@@ -189,7 +189,7 @@ def run_sweep(
     tasks = [get_task(t) for t in _as_tuple(config.tasks)]
     model_config = model.config if model is not None else _config_of(config)
     papa = is_papa_config(model_config)
-    cells = _checkpoint_cells(config, model_config) if papa else config.cells()
+    cells = [{**c, "protocol": job.name} for c in (_checkpoint_cells(config, model_config) if papa else config.cells())]
     options = {task.name: job.score_options(task) for task in tasks}
     main = is_main_process()  # under torch.distributed rank 0 alone reads, locks and appends to the file
     with locked(out_path) if main else contextlib.nullcontext():  # a second sweep waits, then skips our cells
