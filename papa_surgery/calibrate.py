@@ -132,7 +132,7 @@ def calibrate(
         corpus: anything :func:`papa_surgery.corpus.load_corpus` accepts.
         max_length: L, the slot count (``--max-length``).
         pairs: examples are sentence pairs (middle separator at slot L/2).
-        batch_size: examples per forward pass (per process).
+        batch_size: examples per forward pass (under torch.distributed each process runs whole batches of it).
         device: where to run; defaults to the model's device.
         progress: show a progress bar.
         max_examples: use at most this many examples of the corpus.
