@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import gc
 import logging
 import os
 import sys
@@ -116,6 +117,10 @@ def process_group() -> Iterator[int]:
         yield world
     finally:
         dist.destroy_process_group()
+        # Free the group now, while the interpreter is alive: a gloo group still referenced (from a reference
+        # cycle) when the interpreter shuts down can abort the process ("terminate called without an active
+        # exception", pytorch/pytorch#190489).
+        gc.collect()
 
 
 def _warn_single_accelerate_cpu(world: int) -> None:
