@@ -324,13 +324,14 @@ def analyze(
     """
     from .analysis import analyze as run_analysis
     from .constants import Constants
+    from .distributed import is_main_process
 
     if corpus is None:
         from .corpus import default_corpus
 
         corpus = default_corpus(max_examples=options.get("max_examples"))
     summary = run_analysis(model, tokenizer, corpus, which, out_dir, **options)
-    if which == "norms":
+    if which == "norms" and is_main_process():  # under torch.distributed rank 0 alone writes
         from .rank_methods import norm_ranking
 
         out_dir = Path(out_dir)

@@ -6,8 +6,12 @@ cells of running fp64 sums, together with A**2 for the per-head input-dependence
 O(layers * heads * L^2), independent of the corpus size.
 
 Determinism: the sums are race-free on CPU and CUDA (see ``accumulate.py``). Under ``torch.distributed``
-(``accelerate launch``, ``torchrun``) each process takes every world_size-th example and the sums are
-all-reduced at the end, so every process returns the same constants.
+(``accelerate launch``, ``torchrun``) the corpus is cut into the same batches as in one process and process
+r runs batches r, r + world_size, ...; after each round of forwards the processes exchange the real
+attention entries of their batches and every process adds all of them in batch order, exactly as one
+process would. So the constants (means, counts, variance) are bitwise those of a single-process run with
+the same batch size (and the same kernels: same device type and thread count), whatever the process count;
+only the forward passes are split, the fp64 additions are not.
 """
 
 from __future__ import annotations
@@ -19,19 +23,21 @@ import torch
 from tqdm.auto import tqdm
 
 from . import __version__
-from .accumulate import SlotAccumulator, SlotLayout
+from .accumulate import BatchCells, SlotAccumulator, SlotLayout
 from .architectures import get_family, num_heads_layers
 from .constants import Constants, model_fingerprint
 from .corpus import Corpus, load_corpus
+from .distributed import exchange, shared_failures, world_size
+from .distributed import rank as dist_rank
 from .encoding import encode, model_inputs
 from .hub_code.modeling_papa import attention_modules
 from .hub_code.slots import compute_slots
 
 
-def _shard(corpus: Corpus, rank: int, world: int) -> Iterator:
-    for i, example in enumerate(corpus):
+def _shard(batches: Iterator[list], rank: int, world: int) -> Iterator[list]:
+    for i, batch in enumerate(batches):
         if i % world == rank:
-            yield example
+            yield batch
 
 
 def _batches(examples: Iterator, batch_size: int) -> Iterator[list]:
@@ -46,20 +52,19 @@ def _batches(examples: Iterator, batch_size: int) -> Iterator[list]:
 
 
 def process_batches(corpus: Corpus, batch_size: int, desc: str, progress: bool = True):
-    """This process's batches of ``corpus`` (every world_size-th example under torch.distributed), with a bar.
+    """This process's batches of ``corpus``, with a bar: under torch.distributed, every world_size-th of the
+    batches a single process would make (same examples, same padding), so each forward equals one process's.
 
     Returns ``(batches, world_size)``; the bar shows on rank 0 only.
     """
-    distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
-    rank = torch.distributed.get_rank() if distributed else 0
-    world = torch.distributed.get_world_size() if distributed else 1
+    rank, world = dist_rank(), world_size()
     total = None
     try:
-        total = -(-len(corpus) // (batch_size * world))
+        total = len(range(rank, -(-len(corpus) // batch_size), world))
     except TypeError:  # a stream of unknown length
         pass
     bar = tqdm(
-        _batches(_shard(corpus, rank, world), batch_size),
+        _shard(_batches(corpus, batch_size), rank, world),
         total=total,
         desc=desc,
         unit="batch",
@@ -127,7 +132,7 @@ def calibrate(
         corpus: anything :func:`papa_surgery.corpus.load_corpus` accepts.
         max_length: L, the slot count (``--max-length``).
         pairs: examples are sentence pairs (middle separator at slot L/2).
-        batch_size: examples per forward pass (per process).
+        batch_size: examples per forward pass (under torch.distributed each process runs whole batches of it).
         device: where to run; defaults to the model's device.
         progress: show a progress bar.
         max_examples: use at most this many examples of the corpus.
@@ -144,19 +149,25 @@ def calibrate(
     model.set_attn_implementation("eager")  # the probabilities must be materialised
 
     acc = SlotAccumulator(num_layers, num_heads, max_length, device)
-    modules = attention_modules(model)
+    bar, world = process_batches(corpus, batch_size, "calibrate", progress)
+    sink = _Sink(acc, world > 1)
     handles = [
-        m.register_forward_hook(lambda _m, _in, out, layer=layer: acc.add(layer, out[1]))
-        for layer, m in enumerate(modules)
+        m.register_forward_hook(lambda _m, _in, out, layer=layer: sink.add(layer, out[1]))
+        for layer, m in enumerate(attention_modules(model))
     ]
+
+    def forward(batch):
+        enc = encode(tokenizer, batch, max_length, pairs=pairs).to(device)
+        slots = compute_slots(enc["input_ids"], enc["attention_mask"], max_length, tokenizer.sep_token_id)
+        sink.start_batch(SlotLayout(slots, max_length))
+        model(**model_inputs(model, enc), output_attentions=family.needs_output_attentions)
+
     try:
-        bar, world = process_batches(corpus, batch_size, "calibrate", progress)
-        for batch in bar:
-            enc = encode(tokenizer, batch, max_length, pairs=pairs).to(device)
-            slots = compute_slots(enc["input_ids"], enc["attention_mask"], max_length, tokenizer.sep_token_id)
-            acc.start_batch(SlotLayout(slots, max_length))
-            model(**model_inputs(model, enc), output_attentions=family.needs_output_attentions)
-        acc.reduce()
+        if world == 1:
+            for batch in bar:
+                forward(batch)
+        else:
+            _ordered_rounds(bar, forward, sink, device)
     finally:
         for h in handles:
             h.remove()
@@ -167,3 +178,52 @@ def calibrate(
     values, counts, variance = acc.result()
     metadata = pass_metadata(model, corpus, acc.examples, batch_size, world, source_name)
     return Constants(values, "average", max_length, pairs, counts, variance, metadata)
+
+
+class _Sink:
+    """Where the hooks' attention goes: straight into the sums (one process), or kept for the exchange."""
+
+    def __init__(self, acc: SlotAccumulator, keep: bool):
+        self.acc, self.keep = acc, keep
+        self.cells: BatchCells | None = None
+        self.slots: torch.Tensor | None = None
+        self.parts: list[tuple[int, torch.Tensor]] = []
+
+    def start_batch(self, layout: SlotLayout) -> None:
+        if self.keep:
+            self.slots, self.cells, self.parts = layout.slots, BatchCells(layout), []
+        else:
+            self.acc.start_batch(layout)
+
+    def add(self, layer: int, matrices: torch.Tensor) -> None:  # matrices: (B, H, N, N)
+        if self.keep:  # the real entries, in the model's dtype (the fp64 cast happens when they are added)
+            self.parts.append((layer, self.cells.gather(matrices, dtype=matrices.dtype).cpu()))  # (H, cells)
+        else:
+            self.acc.add(layer, matrices)
+
+
+def _ordered_rounds(batches, forward, sink: _Sink, device) -> None:
+    """Each process runs its next batch; all exchange the real entries and add every batch in global order.
+
+    The additions are the very ``start_batch``/``add_gathered`` calls one process makes, in the same order
+    (``add_gathered`` of the gathered entries equals ``add`` of the matrices on CPU and CUDA), so the sums
+    are bitwise a single process's.
+    """
+    mine = iter(batches)
+    with shared_failures():
+        while True:
+            batch = next(mine, None)
+            payload = None
+            if batch is not None:
+                forward(batch)
+                payload = (sink.slots.cpu(), sink.parts)
+            received = exchange(payload)
+            if all(p is None for p in received):
+                break
+            for item in received:  # rank order = batch order within the round
+                if item is None:
+                    continue
+                slots, parts = item
+                sink.acc.start_batch(SlotLayout(slots.to(device), sink.acc.max_length))
+                for layer, part in parts:
+                    sink.acc.add_gathered(layer, part.to(device, torch.float64))

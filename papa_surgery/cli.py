@@ -15,6 +15,7 @@ import click
 
 from . import __version__
 from .cli_experiments import finetune, probe, progress_of, report
+from .distributed import is_main_process, scale_out
 from .options import (
     CalibrationOptions,
     ConvertOptions,
@@ -164,6 +165,7 @@ def main(ctx, quiet: bool, verbose: bool):
 @click.option("--out", required=True, type=click.Path(dir_okay=False), help="Output constants file (.safetensors).")
 @click.option("--overwrite", is_flag=True, help="Replace an existing constants file.")
 @click.pass_context
+@scale_out
 def calibrate(ctx, model, out, overwrite, **kwargs):
     """Average every head's attention over an unlabelled corpus (paper 3.1)."""
     from .pipeline import run_calibrate
@@ -188,6 +190,7 @@ def calibrate(ctx, model, out, overwrite, **kwargs):
 @click.option("--out", required=True, type=click.Path(dir_okay=False), help="Output ranking file (.json).")
 @click.option("--overwrite", is_flag=True, help="Replace an existing ranking file.")
 @click.pass_context
+@scale_out
 def rank(ctx, model, constants, out, overwrite, **kwargs):
     """Order the heads from first to last to make constant (paper 3.2, 5.4)."""
     from .pipeline import run_rank
@@ -217,6 +220,7 @@ def rank(ctx, model, constants, out, overwrite, **kwargs):
 @click.option("--push", "do_push", is_flag=True, help="Publish the checkpoint to the Hub after writing it.")
 @click_options(PushOptions)
 @click.pass_context
+@scale_out
 def convert(ctx, model, do_push, **kwargs):
     """Make a PAPA checkpoint: calibrate, rank, convert, write the folder (and --push it)."""
     from .pipeline import run_convert
@@ -240,7 +244,7 @@ def convert(ctx, model, do_push, **kwargs):
     )
     from .inspect_checkpoint import describe
 
-    d = describe(out)
+    d = describe(out) if is_main_process() else {}
     click.echo(f"wrote {out} ({d.get('num_constant_heads', '?')} of {d.get('num_heads_total', '?')} heads constant)")
 
 
@@ -278,6 +282,7 @@ def push(directory, **kwargs):
 @click.option("--device", help="Device (cpu, cuda...).")
 @click.option("--out", required=True, type=click.Path(file_okay=False), help="Output folder (JSON + figures).")
 @click.pass_context
+@scale_out
 def analyze(ctx, model, analysis, corpus, max_length, max_examples, batch_size, device, out):
     """Norm-based (Kobayashi 2020) or effective (Brunner 2020) attention analysis."""
     try:
@@ -304,7 +309,7 @@ def analyze(ctx, model, analysis, corpus, max_length, max_examples, batch_size, 
     model_obj, tokenizer = load_model(model, RunOptions(device=device, batch_size=batch_size), attn="eager")
     target = Path(out)
     # A new folder appears only when the analysis is complete; an existing one is written into, as before.
-    stage = staged_dir(target) if not target.exists() else _existing(target)
+    stage = staged_dir(target) if is_main_process() and not target.exists() else _existing(target)
     with stage as folder:
         run_analysis(
             model_obj,
@@ -317,7 +322,7 @@ def analyze(ctx, model, analysis, corpus, max_length, max_examples, batch_size, 
             progress=_progress(ctx),
             source_name=model,
         )
-    for path in sorted(target.iterdir()):
+    for path in sorted(target.iterdir()) if is_main_process() else ():
         click.echo(f"wrote {path}")
 
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import click
 
+from .distributed import scale_out
+
 
 def progress_of(ctx) -> bool:
     """Whether to show progress bars (not with ``papa-surgery -q``)."""
@@ -77,6 +79,7 @@ def _sweep_config(model_or_dir, tasks, fractions, kinds, methods, options: dict)
 
 @click.command()
 @sweep_options("probe")
+@scale_out
 def probe(ctx, model_or_dir, tasks, fractions, kinds, methods, out, **kwargs):
     """Probe a frozen model over fractions, seeds, kinds and methods (paper 3.3, 4)."""
     from .sweep import run_sweep

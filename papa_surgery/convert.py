@@ -253,6 +253,7 @@ def build_recipe(model, constants: Constants, ranking=None, command: str | None 
             "description": constants.metadata.get("corpus"),
             "examples": constants.metadata.get("examples"),
             "pairs": constants.pairs,
+            "processes": constants.metadata.get("processes"),  # how many processes calibrated them
         },
         "kind": config.papa_kind,
         "ranking": None if ranking is None else {"method": ranking.method, "provenance": ranking.provenance},

@@ -13,6 +13,7 @@ import logging
 import os
 from pathlib import Path
 
+from .distributed import agree, is_main_process, on_main, world_size
 from .options import CalibrationOptions, ConvertOptions, PushOptions, RankOptions, RunOptions
 from .preflight import (
     check_max_length,
@@ -212,6 +213,10 @@ def run_convert(
     )
     recipe = build_recipe(papa, constants, ranking, command=command)
     recipe["source"].update(source_record(model_name, path, info))
+    recipe["processes"] = world_size()
+    agree()  # under torchrun / accelerate launch: rank 0 writes and pushes, once every rank is done
+    if not is_main_process():
+        return out
     save_checkpoint(papa, out, tokenizer=tokenizer, recipe=recipe, overwrite=conv.overwrite, results=conv.results)
     if do_push:
         from .hub import push as hub_push
@@ -236,7 +241,8 @@ def run_calibrate(
     model, tokenizer = load_model(model_name, run)
     check_pairs_fit(tokenizer, cal.max_length, cal.pairs)
     constants = obtain_constants(model, tokenizer, source, cal, run, progress=progress, corpus=corpus)
-    return constants.save(out, overwrite=overwrite)
+    on_main(constants.save, out, overwrite=overwrite)  # under torchrun / accelerate launch: rank 0 writes
+    return out
 
 
 def run_rank(
@@ -282,6 +288,9 @@ def run_rank(
     ranking = obtain_ranking(model, tokenizer, rank, constants, run, source, cal, progress)
     from .atomic import staged_file
 
-    with staged_file(out, overwrite=overwrite) as tmp:
-        ranking.save(tmp)
+    def write() -> None:
+        with staged_file(out, overwrite=overwrite) as tmp:
+            ranking.save(tmp)
+
+    on_main(write)  # under torchrun / accelerate launch: rank 0 writes
     return out

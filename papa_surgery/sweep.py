@@ -6,7 +6,9 @@ probe); fraction 0 is a conversion with no constant heads, so the baseline uses 
 job as every other fraction (and equals the source). Constants and rankings come from ``SweepArtifacts``.
 
 Results are appended to a JSONL file one cell at a time (flushed), so an interrupted sweep resumes where it
-stopped: cells already in the file are skipped. Two cells whose converted models are identical (fraction 0
+stopped: cells already in the file are skipped. Under ``torch.distributed`` every process runs every cell
+(the data passes inside are sharded) and rank 0 alone reads, locks and writes the file and the artifacts;
+rows record the process count. Two cells whose converted models are identical (fraction 0
 for every kind and method; fraction 1 for every method) are scored once and the second row says so in
 ``reused_from``. Every input is checked (tasks, kinds, methods, fractions, corpora, data files, model)
 before the first line is written.
@@ -14,10 +16,12 @@ before the first line is written.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from pathlib import Path
 
 from . import __version__
+from .distributed import broadcast_from_main, is_main_process, on_main, world_size
 from .results import TASK_CORPUS, Cell, append_row, cell_key, check_options, is_row, locked, read_rows
 from .sweep_artifacts import SweepArtifacts
 from .sweep_config import (  # noqa: F401  (re-exported: the sweep's public names)
@@ -187,8 +191,9 @@ def run_sweep(
     papa = is_papa_config(model_config)
     cells = [c.with_protocol(job.name) for c in (_checkpoint_cells(config, model_config) if papa else config.cells())]
     options = {task.name: job.score_options(task) for task in tasks}
-    with locked(out_path):  # a second sweep on this file waits, then skips what this one wrote
-        existing = [r for r in read_rows(out_path, repair=True) if is_row(r)]
+    main = is_main_process()  # under torch.distributed rank 0 alone reads, locks and appends to the file
+    with locked(out_path) if main else contextlib.nullcontext():  # a second sweep waits, then skips our cells
+        existing = broadcast_from_main([r for r in read_rows(out_path, repair=True) if is_row(r)] if main else None)
         for cell in cells:
             check_options(existing, cell, options[cell.task], out_path)
         done = {cell_key(r): r for r in existing}
@@ -200,7 +205,7 @@ def run_sweep(
             sweep.preflight(tasks)
             if done:
                 logger.info("%s: %d of %d cells already done; resuming", out_path, len(cells) - len(todo), len(cells))
-            bar = tqdm(todo, desc="sweep", unit="cell", disable=not progress)
+            bar = tqdm(todo, desc="sweep", unit="cell", disable=not progress or not main)
             for cell in bar:
                 bar.set_postfix_str(cell.describe())
                 task = get_task(cell.task)
@@ -210,9 +215,10 @@ def run_sweep(
                     "kept_fraction": round(1.0 - cell.fraction, 10),
                     **body,
                     "options": options[task.name],
+                    "processes": world_size(),
                     "papa_surgery_version": __version__,
                 }
-                append_row(out_path, row)
+                on_main(append_row, out_path, row)
                 done[cell_key(row)] = row
     return [done[c.key] for c in cells]
 

@@ -11,6 +11,7 @@ import hashlib
 import re
 from pathlib import Path
 
+from .distributed import broadcast_from_main, is_main_process
 from .results import TASK_CORPUS
 from .sweep_config import CONSTANTS_METHODS, CORPUS_KINDS, DEFAULT_CORPUS, SEEDED_METHODS, SweepConfig
 
@@ -36,6 +37,10 @@ class SweepArtifacts:
         name = f"{prefix}-{_slug(self.config.model_name)}-{_slug('-'.join(map(str, key)))}"
         digest = hashlib.sha1(repr((self.config.model_name, key)).encode()).hexdigest()[:8]
         return self.artifacts / f"{name}-{digest}{suffix}"
+
+    def _saved(self, path: Path) -> bool:
+        """Whether to reuse a saved artifact: rank 0 decides for all (another rank could see rank 0 writing)."""
+        return broadcast_from_main(self.config.save_artifacts and path.is_file())
 
     # ---------------------------------------------------------------------------------------- loading
     def load(self, need_mlm: bool) -> None:
@@ -125,7 +130,7 @@ class SweepArtifacts:
         if key not in self.constants:
             path = self.artifact("constants", key, ".safetensors")
             constants = None
-            if self.config.save_artifacts and path.is_file():
+            if self._saved(path):
                 constants = Constants.load(path)
                 if constants.max_length != length or constants.variance is None:
                     constants = None
@@ -142,7 +147,7 @@ class SweepArtifacts:
                     progress=self.progress,
                     source_name=self.config.model_name,
                 )
-                if self.config.save_artifacts:
+                if self.config.save_artifacts and is_main_process():  # rank 0 alone writes
                     constants.save(path)
             self.constants[key] = constants
         return self.constants[key]
@@ -172,7 +177,7 @@ class SweepArtifacts:
         if key in self.rankings:
             return self.rankings[key]
         path = self.artifact("ranking", key, ".json")
-        if self.config.save_artifacts and path.is_file():
+        if self._saved(path):
             ranking = ranking_mod.Ranking.load(path)
         elif method == "reversed-lambda":  # the lambda ranking read backwards: train the lambdas once
             ranking = ranking_mod.reversed_ranking(self.ranking("lambda", spec, task, length, seed))
@@ -198,7 +203,7 @@ class SweepArtifacts:
                 seed=seed,
                 **opts,
             )
-            if self.config.save_artifacts:
+            if self.config.save_artifacts and is_main_process():
                 ranking.save(path)
         ranking.check_compatible(self.model.config)
         self.rankings[key] = ranking

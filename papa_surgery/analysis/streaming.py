@@ -12,6 +12,10 @@ sums per (layer, head, slot_i, slot_j), examples grouped by slot layout, determi
 
 The per-head ``variance`` is that of the averaged matrices (norm-weighted, or signed effective).
 Per-token-category sums (what the analysis figures show) are gathered in the same pass.
+
+Under ``torch.distributed`` each process runs every world_size-th batch (the batches of one process) and
+the fp64 sums are all-reduced at the end: the result equals a single process's up to the order of the fp64
+additions (a relative difference near 1e-16; calibration itself is bitwise, see ``calibrate.py``).
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from ..architectures import num_heads_layers
 from ..calibrate import borrow, pass_metadata, process_batches
 from ..constants import ANALYSIS_KINDS, Constants
 from ..corpus import load_corpus
+from ..distributed import shared_failures
 from ..encoding import encode, model_inputs
 from ..hub_code.slots import compute_slots
 from .capture import needs_output_attentions, recording
@@ -189,7 +194,8 @@ def stream(
                 state.cat_main[layer] += torch.einsum("bhn,bnc->hc", eff.sum(-2), onehot)
 
         bar, world = process_batches(corpus, batch_size, f"analyze {which}", progress)
-        with recording(model, on_layer):
+        # shared_failures: a rank that fails in its batches makes the others raise before the all-reduces
+        with recording(model, on_layer), shared_failures():
             for examples in bar:
                 enc = encode(tokenizer, examples, max_length, pairs=pairs).to(device)
                 slots = compute_slots(enc["input_ids"], enc["attention_mask"], max_length, tokenizer.sep_token_id)

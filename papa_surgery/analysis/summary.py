@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch
 
+from ..distributed import agree, is_main_process
 from .streaming import CATEGORIES, WHICH, AnalysisState, stream
 
 
@@ -131,7 +132,6 @@ def analyze(
     if which not in WHICH:
         raise ValueError(f"unknown analysis {which!r}; choose one of {', '.join(WHICH)}")
     out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
     state = stream(
         model,
         tokenizer,
@@ -148,6 +148,11 @@ def analyze(
         with_categories=True,
     )
     summary = summarize(state)
+    agree()  # rank 0 writes only once every rank is done
+    if not is_main_process():  # under torch.distributed rank 0 alone writes
+        summary["files"] = []
+        return summary
+    out_dir.mkdir(parents=True, exist_ok=True)
     constants = state.constants()
     files = [constants.save(out_dir / f"{constants.kind}.safetensors").name]
     if which == "effective":

@@ -19,6 +19,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
+from ..distributed import exchange
 from ..encoding import encode
 from ..hub_code.slots import compute_slots
 
@@ -207,10 +208,8 @@ class FeatureStore:
             else:
                 for layer, h in enumerate(layers):
                     packed[rows, layer] = h[real].float().cpu()  # (tokens, H)
-        if world > 1:
-            gathered = [None] * world
-            torch.distributed.all_gather_object(gathered, results)
-            for rows, feats in (item for part in gathered for item in part):
+        if world > 1:  # an exchange, so a rank that failed above makes the others raise, not hang
+            for rows, feats in (item for part in exchange(results) for item in part):
                 packed[rows] = feats
         self.features, self.offsets = packed, offsets
         self.lengths = torch.tensor(self.enc.lengths, dtype=torch.long)  # (n,)
@@ -231,10 +230,10 @@ class FeatureStore:
 
 
 def dist_info() -> tuple[int, int]:
-    dist = torch.distributed
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return 0, 1
+    """(rank, world size) of the running process group; (0, 1) without one."""
+    from ..distributed import rank, world_size
+
+    return rank(), world_size()
 
 
 def iter_batches(store: FeatureStore, batches: Iterable[list[int]]):
