@@ -102,6 +102,7 @@ def probe(ctx, model_or_dir, tasks, fractions, kinds, methods, out, **kwargs):
     help="Stop after this many epochs without a better dev score (default: off, every epoch runs).",
 )
 @click.option("--trainable-constants", is_flag=True, help="Give the constant heads' matrices gradients too.")
+@scale_out
 def finetune(
     ctx,
     model_or_dir,

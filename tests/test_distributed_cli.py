@@ -162,6 +162,33 @@ def test_a_resumed_probe_under_torchrun_runs_nothing(work, single_rows):
     assert out.read_text() == (work / "single.jsonl").read_text()
 
 
+FINETUNE_ARGS = ("--task", "sst2", "--data-dir", "data", "--fractions", "0,1", "--seeds", 1, "--epochs", 1,
+                 "--batch-size", 16, "--max-length", 32)  # fmt: skip
+# DDP shards a shuffled order across the processes: the same global batches in number and size, other members.
+FINETUNE_SAME = ("model", "task", "fraction", "kind", "method", "seed", "corpus", "protocol", "examples",
+                 "eval_examples", "epochs", "steps", "trainable_parameters", "total_parameters", "checkpoint_bytes",
+                 "constant_heads", "max_length", "options")  # fmt: skip
+
+
+def test_finetune_under_torchrun_trains_with_ddp_and_writes_once(work):
+    ok(run_cli(SINGLE, "finetune", "bert", *FINETUNE_ARGS, "--out", "ft-single.jsonl", cwd=work))
+    ok(run_cli(TORCHRUN, "finetune", "bert", *FINETUNE_ARGS, "--out", "ft-two.jsonl", cwd=work))
+    single, two = (
+        [json.loads(x) for x in (work / f).read_text().splitlines()] for f in ("ft-single.jsonl", "ft-two.jsonl")
+    )
+    assert len(two) == len(single) == 2  # written once, by rank 0
+    assert [r["processes"] for r in two] == [2, 2] and [r["processes"] for r in single] == [1, 1]
+    for row, ref in zip(two, single, strict=True):
+        assert {k: row[k] for k in FINETUNE_SAME} == {k: ref[k] for k in FINETUNE_SAME}
+        assert row["steps"] == 5  # 80 examples, global batch 16: each process took 8 of every batch
+        assert 0 <= row["score"] <= 1 and row["score"] * 48 == round(row["score"] * 48)  # of the 48 dev sentences
+    result = run_cli(
+        TORCHRUN, "finetune", "bert", *FINETUNE_ARGS[:-4], "--batch-size", 15, "--out", "odd.jsonl", cwd=work
+    )
+    assert result.returncode == 1 and "--batch-size 15 does not split over 2 processes" in result.stderr
+    assert not (work / "odd.jsonl").exists() or not (work / "odd.jsonl").read_text()
+
+
 @pytest.mark.parametrize(
     "command",
     [

@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ..distributed import broadcast_from_main, is_main_process, world_size
 from ..probe.data import load_split
 from ..probe.metrics import score
 from ..probe.run import slot_count
@@ -32,7 +33,11 @@ DEFAULT_HEAD_CLASS = "AutoModelForSequenceClassification"
 
 
 class SavedModel:
-    """A model saved once to a temporary folder and reloaded by every cell that fine-tunes it (a sweep's seeds)."""
+    """A model saved once to a temporary folder and reloaded by every cell that fine-tunes it (a sweep's seeds).
+
+    Under a launcher rank 0 alone writes it (transformers saves on rank 0 only) and every rank loads that
+    folder, so the processes must share a file system: one machine, or ``TMPDIR`` on a shared one.
+    """
 
     def __init__(self):
         self._tmp = None
@@ -41,11 +46,15 @@ class SavedModel:
 
     def save(self, model, tokenizer) -> Path:
         if self.folder is None:
-            self._tmp = tempfile.TemporaryDirectory(prefix="papa-finetune-")
-            self.folder = Path(self._tmp.name)
-            model.save_pretrained(self.folder)
-            tokenizer.save_pretrained(self.folder)
-            self.bytes = folder_bytes(self.folder)
+            saved = None
+            if is_main_process():
+                self._tmp = tempfile.TemporaryDirectory(prefix="papa-finetune-")
+                folder = Path(self._tmp.name)
+                model.save_pretrained(folder)
+                tokenizer.save_pretrained(folder)
+                saved = (str(folder), folder_bytes(folder))
+            path, self.bytes = broadcast_from_main(saved)
+            self.folder = Path(path)
         return self.folder
 
 
@@ -89,6 +98,11 @@ def finetune(
         max_train_examples, max_eval_examples: keep only the first examples of a split.
         device: where to train (default: CUDA when available, else CPU).
         progress: Trainer's progress bars.
+
+    Under ``torchrun`` or ``accelerate launch`` (a process group is up) Trainer trains with DDP: each process
+    takes ``batch_size / processes`` of every batch, so the global batch and the schedule equal a single
+    process's; the data order differs (the sampler shards a shuffled order), so scores agree with a
+    single-process run only up to that ordering, as two seeds do.
         saved: a :class:`SavedModel` shared by calls on the same, unchanged model (saved once).
 
     Returns:
@@ -112,6 +126,11 @@ def finetune(
     papa_heads = getattr(model.config, "papa_constant_heads", None)
     if opts.trainable_constants and not papa_heads:
         raise ValueError("--trainable-constants needs a model with constant heads (a fraction above 0)")
+    processes = world_size()
+    if opts.batch_size % processes:
+        raise ValueError(
+            f"--batch-size {opts.batch_size} does not split over {processes} processes: pass a multiple of {processes}"
+        )
     start = time.perf_counter()
     length = slot_count(model, task, opts.max_length)
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -147,8 +166,10 @@ def finetune(
             output_dir=work,
             num_train_epochs=opts.epochs,
             learning_rate=opts.lr,
-            per_device_train_batch_size=opts.batch_size,
-            per_device_eval_batch_size=opts.eval_batch_size,
+            # Under a launcher Trainer runs DDP: each process takes its share of every batch, so the global
+            # batch, the step count and the schedule are a single process's.
+            per_device_train_batch_size=opts.batch_size // processes,
+            per_device_eval_batch_size=max(1, opts.eval_batch_size // processes),
             weight_decay=opts.weight_decay,
             warmup_steps=opts.warmup_ratio,  # a float below 1 is a share of the steps
             lr_scheduler_type="linear",
