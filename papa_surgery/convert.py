@@ -16,6 +16,7 @@ import torch
 from . import __version__
 from .architectures import get_family, is_papa_config, num_heads_layers
 from .constants import Constants
+from .coverage import warn_coverage
 from .hub_code.configuration_papa import PAPA_FIELDS, PAPA_FORMAT_VERSION, papa_config_class
 from .hub_code.modeling_papa import attention_modules, heads_by_layer, papa_model_class
 from .loading import public_name, resolve_dtype
@@ -153,6 +154,8 @@ def convert(
     num_heads, num_layers = num_heads_layers(model.config)
     source = source_name or getattr(model.config, "_name_or_path", None) or None
     constants.check_compatible(model.config, source, model=model)
+    warn_coverage(constants)  # once per Constants: calibrate() has already warned about its own
+    constants = constants.fill()  # files written before filling existed still have empty cells
     heads = normalize_heads(heads, num_layers, num_heads)
     store = resolve_dtype(dtype)
     config = papa_config(
