@@ -18,7 +18,7 @@ from transformers import AutoModel, AutoTokenizer
 from papa_surgery.calibrate import calibrate
 from papa_surgery.corpus import default_corpus
 from papa_surgery.encoding import encode, model_inputs
-from papa_surgery.pipeline import embedded_model_path
+from papa_surgery.sources import embedded_model_path
 
 
 def main() -> None:

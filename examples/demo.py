@@ -23,7 +23,7 @@ from click.testing import CliRunner
 
 from papa_surgery.cli import main as cli
 from papa_surgery.corpus import default_corpus_path
-from papa_surgery.pipeline import embedded_model_path
+from papa_surgery.sources import embedded_model_path
 
 SENTENCES = [
     "Constant attention matrices replace half of the heads.",

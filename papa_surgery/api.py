@@ -49,7 +49,7 @@ def load(
         ValueError: an architecture papa-surgery does not support (the message lists those it does).
     """
     from .loading import load_source
-    from .pipeline import resolve_model
+    from .sources import resolve_model
 
     return load_source(
         resolve_model(name_or_path), auto_class=auto_class, revision=revision, dtype=dtype, device=device

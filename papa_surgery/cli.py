@@ -73,7 +73,7 @@ def _public_model(name: str) -> str:
 
     if name in ("minilm", "embedded") or not (Path(name).expanduser().exists() or name.startswith(("/", ".", "~"))):
         return name
-    from .pipeline import source_info
+    from .sources import source_info
 
     return source_info(name).get("hub_id") or LOCAL_MODEL
 
@@ -271,7 +271,7 @@ def convert(ctx, model, do_push, **kwargs):
 @click.pass_context
 def probe(ctx, model_or_dir, tasks, fractions, kinds, methods, out, **kwargs):
     """Probe a frozen model over fractions, seeds, kinds and methods (paper 3.3, 4)."""
-    from .pipeline import EMBEDDED_HUB_ID, resolve_model
+    from .sources import EMBEDDED_HUB_ID, resolve_model
     from .sweep import SweepConfig, parse_fractions, run_sweep
 
     try:
@@ -352,7 +352,8 @@ def analyze(ctx, model, analysis, corpus, max_length, max_examples, batch_size, 
     from .atomic import staged_dir
     from .corpus import default_corpus, load_corpus
     from .loading import load_config
-    from .pipeline import check_max_length, load_model, resolve_model
+    from .preflight import check_max_length
+    from .sources import load_model, resolve_model
 
     config = load_config(resolve_model(model))
     if getattr(config, "papa_constant_heads", None) is not None and config.papa_constant_heads:

