@@ -154,6 +154,23 @@ def main(ctx, quiet: bool, verbose: bool):
         import os
 
         os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    _user_warnings(quiet)
+
+
+def _user_warnings(quiet: bool) -> None:
+    """Warnings meant for the user (``papa_surgery.coverage.CoverageWarning``) print as one plain line."""
+    import warnings
+
+    default = getattr(warnings.showwarning, "papa_default", warnings.showwarning)  # installed once per process
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        if category.__name__ != "CoverageWarning":  # matched by name: importing it would import torch
+            return default(message, category, filename, lineno, file, line)
+        if not quiet:
+            click.echo(f"warning: {message}", err=True)
+
+    show.papa_default = default
+    warnings.showwarning = show
 
 
 @main.command()

@@ -190,3 +190,13 @@ def test_cli_choices_match_the_library():
 
     assert set(KIND_CHOICES) == set(KINDS)
     assert set(METHOD_CHOICES) == set(METHODS)
+
+
+def test_short_corpus_warns_once_on_the_command_line(runner, source, corpus, tmp_path):
+    args = ["convert", source, "--fraction", 1, "--corpus", corpus, "--max-length", 64, "--out", tmp_path / "c"]
+    result = runner.invoke(main, [str(a) for a in args])
+    assert result.exit_code == 0, result.output
+    lines = [line for line in result.stderr.splitlines() if line.startswith("warning: the calibration corpus")]
+    assert len(lines) == 1 and "covers only 8 of the 64 slots" in lines[0] and "--max-length" in lines[0]
+    quiet = runner.invoke(main, ["-q", *map(str, args[:-1]), str(tmp_path / "q")])
+    assert quiet.exit_code == 0 and "warning:" not in quiet.stderr
