@@ -187,6 +187,7 @@ def convert(
     dtype: str = "float32",
     trainable_constants: bool = False,
     source_name: str | None = None,
+    storage: str = "auto",
 ) -> nn.Module:
     """The PAPA model of ``model``: the first ``fraction`` of ``ranking``'s heads attend with ``constants``.
 
@@ -201,6 +202,8 @@ def convert(
         dtype: how the constants are stored: ``float32``, ``float16`` or ``bfloat16`` (or fp32/fp16/bf16).
         trainable_constants: give the constants gradients.
         source_name: the source's Hub id, for the provenance.
+        storage: ``"dense"``, ``"compact"`` or ``"auto"`` (dense up to L=128, compact above): see
+            :func:`papa_surgery.convert.convert`. The model computes with the compacted matrices.
 
     Returns:
         The PAPA model (``Papa<Class>``), in eval mode. ``model.papa_recipe`` holds what :func:`save` writes
@@ -231,6 +234,7 @@ def convert(
         dtype=dtype,
         trainable_constants=trainable_constants,
         source_name=source_name,
+        storage=storage,
     )
     papa.papa_recipe = build_recipe(papa, constants, ranking)
     return papa

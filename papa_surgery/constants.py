@@ -106,12 +106,13 @@ class Constants:
 
     def fill(self) -> Constants:
         """These constants with every cell no example reached filled from the measured head
-        (``papa_surgery.coverage.fill_uncovered``); data-free kinds and fully covered grids are returned as is.
+        (``papa_surgery.coverage.fill_uncovered``); data-free kinds, fully covered grids and constants already
+        filled are returned as is.
         """
         from .coverage import FILL_METHOD, fill_uncovered
 
-        if self.counts is None or bool((self.counts > 0).all()):
-            return self
+        if self.counts is None or self.metadata.get("filled") or bool((self.counts > 0).all()):
+            return self  # filled once: later changes (distillation) to filled cells are kept
         values = fill_uncovered(self.values, self.counts, self.pairs)
         metadata = {**self.metadata, "filled": FILL_METHOD}
         out = Constants(values, self.kind, self.max_length, self.pairs, self.counts, self.variance, metadata)

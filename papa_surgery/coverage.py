@@ -21,16 +21,13 @@ import warnings
 
 import torch
 
+from .hub_code.compact_constants import special_slots
+
 FILL_METHOD = "toeplitz-profile+special-slots"
 
 
 class CoverageWarning(UserWarning):
     """The calibration corpus reaches fewer slots than ``max_length``: longer inputs use filled constants."""
-
-
-def special_slots(max_length: int, pairs: bool) -> list[int]:
-    """Slots of special tokens in the layout: [CLS] at 0, the final separator at L-1, a pair's middle at L/2."""
-    return sorted({0, max_length - 1, *([max_length // 2] if pairs else [])})
 
 
 def covered_length(counts: torch.Tensor) -> int:
@@ -72,7 +69,7 @@ def fill_uncovered(values: torch.Tensor, counts: torch.Tensor, pairs: bool) -> t
         return values
     c = values.double()
     special = torch.zeros(length, dtype=torch.bool)
-    special[special_slots(length, pairs)] = True
+    special[list(special_slots(length, pairs))] = True
     body = ~special
     w = torch.where(covered, counts.double(), 0.0)  # (L, L)
     w_body = w * (body[:, None] & body[None, :])

@@ -111,6 +111,12 @@ class ConvertOptions:
     constants: str | None = opt("A constants file from `papa-surgery calibrate` (instead of calibrating).")
     kind: str = opt("Constant matrices to use.", "average", type=click.Choice(KIND_CHOICES))
     dtype: str = opt("Storage dtype of the constants.", "fp32", type=click.Choice(DTYPE_CHOICES))
+    storage: str = opt(
+        "How constants are stored: dense L x L matrices, or compact (band, special slots, relative-offset profile "
+        "and a rank-16 residual; what the model computes with, exactly). auto: dense up to L=128, compact above.",
+        "auto",
+        type=click.Choice(("auto", "dense", "compact")),
+    )
     trainable_constants: bool = opt(
         "Let fine-tuning update the constants (the paper's labeled matrices).", False, is_flag=True
     )

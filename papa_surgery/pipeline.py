@@ -207,6 +207,7 @@ def run_convert(
         method=ranking.method,
         fraction=conv.fraction,
         dtype=conv.dtype,
+        storage=conv.storage,
         trainable_constants=conv.trainable_constants,
         source_name=source,
     )

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from .compact_constants import CompactLayout, add_compact_constants, constants_of
 from .slots import constant_attention
 
 PAPA_PREFIX = "papa_"
@@ -151,14 +152,26 @@ def shrink_linear(linear: nn.Linear, rows: list[int]) -> nn.Linear:
     return new
 
 
-def add_constants(module: nn.Module, heads: PapaHeads, max_length: int, dtype: torch.dtype, trainable: bool) -> None:
+def add_constants(
+    module: nn.Module,
+    heads: PapaHeads,
+    max_length: int,
+    dtype: torch.dtype,
+    trainable: bool,
+    compact: CompactLayout | None = None,
+) -> None:
     """Give ``module`` its constant matrices (and lambda logits when mixing), on its own device.
 
     Frozen constants are a persistent buffer, so no optimizer or weight loading can make them trainable;
     the paper's "labeled" matrices (``papa_trainable_constants``) are a parameter under the same name.
+    With a ``compact`` layout the buffers are the compact parts (``compact_constants.py``) instead.
     """
     device = next(module.parameters()).device
-    if heads.const:
+    if heads.const and compact is not None:
+        if trainable or heads.mixed:
+            raise ValueError("compact constants are frozen: train dense constants (papa_compact_band=None)")
+        add_compact_constants(module, len(heads.const), compact, dtype, device)
+    elif heads.const:
         data = torch.zeros(len(heads.const), max_length, max_length, dtype=dtype, device=device)  # (Hc, L, L)
         if trainable:
             module.papa_constants = nn.Parameter(data)
@@ -192,7 +205,13 @@ def shrink_projections(module: nn.Module, names: Sequence[str], heads: PapaHeads
 
 
 def setup_interface_attention(
-    module: nn.Module, family, heads: PapaHeads, max_length: int, dtype: torch.dtype, trainable: bool
+    module: nn.Module,
+    family,
+    heads: PapaHeads,
+    max_length: int,
+    dtype: torch.dtype,
+    trainable: bool,
+    compact: CompactLayout | None = None,
 ) -> None:
     """Turn one interface-family self-attention module into PAPA attention, in place.
 
@@ -201,7 +220,7 @@ def setup_interface_attention(
     """
     module.papa_heads, module.papa_rows = heads, {}
     shrink_projections(module, (family.q, family.k), heads, functools.partial(no_heads, head_dim=heads.head_dim))
-    add_constants(module, heads, max_length, dtype, trainable)
+    add_constants(module, heads, max_length, dtype, trainable, compact)
 
 
 def _base_function(module: nn.Module, base: str):
@@ -254,7 +273,7 @@ def papa_attention_forward(
         v_kept = value if heads.mixed else select_heads(value, heads.kept, h)
         kept_out, kept_w = base(module, query, key, v_kept, attention_mask, dropout=dropout, **kwargs)  # (B, N, Hk, d)
     v_const = value if heads.mixed else select_heads(value, heads.const, h)  # (B, Hc, N, d)
-    const_ctx, const_p = constant_attention(module.papa_constants, papa_slots, v_const, dropout)
+    const_ctx, const_p = constant_attention(constants_of(module), papa_slots, v_const, dropout)
     const_out = const_ctx.transpose(1, 2)  # (B, N, Hc, d)
 
     logits = module.papa_lambda_logits if heads.mixed else None
