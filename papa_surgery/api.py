@@ -104,6 +104,11 @@ def calibrate(
         heads, layers = num_heads_layers(model.config)
         source = source_name or getattr(model.config, "_name_or_path", None)
         return Constants.from_kind(kind, layers, heads, max_length, source_model=source)
+    if kind == "distilled":
+        raise ValueError(
+            "distilled constants are trained for the heads being made constant: calibrate the average, then "
+            "papa_surgery.distill(model, tokenizer, corpus, constants, heads)"
+        )
     if kind != "average" and kind not in ANALYSIS_KINDS:
         choices = ", ".join(("average", *ANALYSIS_KINDS, *DATA_FREE_KINDS))
         raise ValueError(f"unknown constant kind {kind!r}; choose one of {choices}")

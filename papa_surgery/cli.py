@@ -8,15 +8,17 @@ on stderr; the traceback with ``--verbose``), 2 bad usage.
 from __future__ import annotations
 
 import logging
-import shlex
 import sys
 
 import click
 
 from . import __version__
+from .command_line import command_line as _command_line
+from .command_line import show_user_warnings
 from .options import (
     CalibrationOptions,
     ConvertOptions,
+    DistillOptions,
     OptionError,
     PushOptions,
     RankOptions,
@@ -52,52 +54,6 @@ class PapaGroup(click.Group):
             sys.exit(1)
 
 
-PATH_OPTIONS = ("corpus", "constants", "ranking", "results", "out", "data_dir")
-LOCAL_MODEL = "<local model>"
-
-
-def _public_path(value: str) -> str:
-    """A local path as its last component (no home folders in recipes and cards); anything else unchanged."""
-    import os
-    from pathlib import Path
-
-    text = str(value)
-    if os.path.isabs(text) or text.startswith(("~", "./", "../")) or (os.sep in text and Path(text).exists()):
-        return Path(text.rstrip("/\\")).name or text
-    return text
-
-
-def _public_model(name: str) -> str:
-    """MODEL as the command line records it: itself, its Hub id for a local copy, or ``<local model>``."""
-    from pathlib import Path
-
-    if name in ("minilm", "embedded") or not (Path(name).expanduser().exists() or name.startswith(("/", ".", "~"))):
-        return name
-    from .sources import source_info
-
-    return source_info(name).get("hub_id") or LOCAL_MODEL
-
-
-def _command_line(ctx) -> str:
-    """The command as a user would retype it: arguments, then every option that differs from its default.
-
-    Local paths are not recorded: a local MODEL becomes its Hub id (or ``<local model>``), and path options
-    keep only their last component.
-    """
-    parts = ["papa-surgery", ctx.info_name]
-    for param in ctx.command.params:
-        value = ctx.params.get(param.name)
-        if isinstance(param, click.Argument):
-            parts.append(_public_model(str(value)) if param.name in ("model", "model_or_dir") else str(value))
-        elif value not in (None, False, ()) and value != param.default:
-            flag = max(param.opts, key=len)
-            values = value if isinstance(value, tuple) else (value,)
-            for v in values:
-                v = _public_path(v) if param.name in PATH_OPTIONS and isinstance(v, str) else v
-                parts.extend([flag] if v is True else [flag, str(v)])
-    return " ".join(shlex.quote(p) for p in parts)
-
-
 def _given(ctx, name: str) -> bool:
     """Whether option ``name`` was given by the user (command line or environment), not left at its default."""
     from click.core import ParameterSource
@@ -119,6 +75,8 @@ def _check_constants_options(ctx, constants_file: str | None) -> None:
             param_hint="'--max-length'",
         )
     for name in ("corpus", "pairs", "max_examples"):
+        if name != "pairs" and ctx.params.get("kind") == "distilled":
+            continue  # distilling the file's constants reads a corpus
         if _given(ctx, name):
             flag = "--" + name.replace("_", "-")
             raise click.BadParameter(
@@ -154,34 +112,27 @@ def main(ctx, quiet: bool, verbose: bool):
         import os
 
         os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-    _user_warnings(quiet)
-
-
-def _user_warnings(quiet: bool) -> None:
-    """Warnings meant for the user (``papa_surgery.coverage.CoverageWarning``) print as one plain line."""
-    import warnings
-
-    default = getattr(warnings.showwarning, "papa_default", warnings.showwarning)  # installed once per process
-
-    def show(message, category, filename, lineno, file=None, line=None):
-        if category.__name__ != "CoverageWarning":  # matched by name: importing it would import torch
-            return default(message, category, filename, lineno, file, line)
-        if not quiet:
-            click.echo(f"warning: {message}", err=True)
-
-    show.papa_default = default
-    warnings.showwarning = show
+    show_user_warnings(quiet)
 
 
 @main.command()
 @click.argument("model")
 @click_options(CalibrationOptions)
+@click.option(
+    "--kind",
+    type=click.Choice(("average", "distilled")),
+    default="average",
+    show_default=True,
+    help="average: the paper's averaged attention; distilled: then trained to match the source's hidden states "
+    "with every head constant.",
+)
+@click_options(DistillOptions)
 @click_options(RunOptions)
 @click.option("--out", required=True, type=click.Path(dir_okay=False), help="Output constants file (.safetensors).")
 @click.option("--overwrite", is_flag=True, help="Replace an existing constants file.")
 @click.pass_context
-def calibrate(ctx, model, out, overwrite, **kwargs):
-    """Average every head's attention over an unlabelled corpus (paper 3.1)."""
+def calibrate(ctx, model, kind, out, overwrite, **kwargs):
+    """Average every head's attention over an unlabelled corpus (paper 3.1), or distil it (--kind distilled)."""
     from .pipeline import run_calibrate
 
     path = run_calibrate(
@@ -191,6 +142,8 @@ def calibrate(ctx, model, out, overwrite, **kwargs):
         out,
         progress=_progress(ctx),
         overwrite=overwrite,
+        kind=kind,
+        distill=from_kwargs(DistillOptions, kwargs),
     )
     click.echo(f"wrote {path}")
 
@@ -228,6 +181,7 @@ def rank(ctx, model, constants, out, overwrite, **kwargs):
 @click.argument("model")
 @click_options(ConvertOptions)
 @click_options(CalibrationOptions)
+@click_options(DistillOptions)
 @click_options(RankOptions)
 @click_options(RunOptions)
 @click.option("--push", "do_push", is_flag=True, help="Publish the checkpoint to the Hub after writing it.")
@@ -253,6 +207,7 @@ def convert(ctx, model, do_push, **kwargs):
         do_push=do_push,
         command=_command_line(ctx),
         progress=_progress(ctx),
+        distill=from_kwargs(DistillOptions, kwargs),
     )
     from .inspect_checkpoint import describe
 
@@ -284,6 +239,7 @@ def convert(ctx, model, do_push, **kwargs):
 @click.option("--lr", type=float, help="Override the task's probe learning rate.")
 @click.option("--batch-size", type=click.IntRange(min=1), help="Override the task's batch size.")
 @click.option("--device", help="Device (cpu, cuda...).")
+@click.option("--distill-steps", type=click.IntRange(min=1), help="Step budget of the distilled kind (default 200).")
 @click.option("--out", required=True, type=click.Path(dir_okay=False), help="Results file (JSONL, appended).")
 @click.pass_context
 def probe(ctx, model_or_dir, tasks, fractions, kinds, methods, out, **kwargs):
@@ -297,6 +253,8 @@ def probe(ctx, model_or_dir, tasks, fractions, kinds, methods, out, **kwargs):
         raise click.BadParameter(f"{fractions!r}: {err}", param_hint="'--fractions'") from None
     options = {k: v for k, v in kwargs.items() if v is not None}
     seeds = tuple(range(options.pop("seeds")))
+    if "distill_steps" in options:
+        options["distill_options"] = {"steps": options.pop("distill_steps")}
     label = EMBEDDED_HUB_ID if model_or_dir in ("minilm", "embedded") else model_or_dir
     config = SweepConfig(
         model=resolve_model(model_or_dir),

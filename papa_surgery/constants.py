@@ -20,7 +20,8 @@ from . import __version__
 
 DATA_FREE_KINDS = ("identity", "toeplitz", "zeros", "uniform")
 ANALYSIS_KINDS = ("norm-average", "effective-average")  # papa_surgery.analysis.analysis_constants
-KINDS = ("average", *ANALYSIS_KINDS, *DATA_FREE_KINDS)
+TRAINED_KINDS = ("distilled",)  # papa_surgery.distill.distill, starting from the average
+KINDS = ("average", *TRAINED_KINDS, *ANALYSIS_KINDS, *DATA_FREE_KINDS)
 
 
 def _kind_matrix(kind: str, max_length: int) -> torch.Tensor:
@@ -124,6 +125,8 @@ class Constants:
         """Data-free constants of one kind for every layer and head."""
         if kind in ANALYSIS_KINDS:
             raise ValueError(f"{kind!r} constants come from papa_surgery.analysis.analysis_constants() on a corpus")
+        if kind in TRAINED_KINDS:
+            raise ValueError(f"{kind!r} constants come from papa_surgery.distill.distill() on a corpus")
         if kind == "average":
             raise ValueError(
                 "'average' constants come from calibrate(); data-free kinds: " + ", ".join(DATA_FREE_KINDS)

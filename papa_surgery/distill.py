@@ -123,7 +123,7 @@ def distill(
             loss.backward()
             _average_gradients(thetas.values())
             optimizer.step()
-            losses.append(float(loss))
+            losses.append(loss.item())
             bar.set_postfix(loss=f"{losses[-1]:.4f}")
     finally:
         restore()
@@ -146,9 +146,10 @@ def distill(
             "loss_last_steps": sum(losses[-window:]) / window,
         },
     }
-    return Constants(
-        values, "distilled", constants.max_length, constants.pairs, constants.counts, constants.variance, metadata
-    )
+    c = constants
+    out = Constants(values, "distilled", c.max_length, c.pairs, c.counts, c.variance, metadata)
+    out._coverage_warned = getattr(c, "_coverage_warned", False)  # the same corpus: warn once
+    return out
 
 
 def _log_constants(student) -> dict[int, nn.Parameter]:

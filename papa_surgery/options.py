@@ -15,7 +15,16 @@ from typing import Any
 import click
 
 DTYPE_CHOICES = ("fp32", "fp16", "bf16")
-KIND_CHOICES = ("average", "identity", "toeplitz", "zeros", "uniform", "norm-average", "effective-average")
+KIND_CHOICES = (
+    "average",
+    "distilled",
+    "identity",
+    "toeplitz",
+    "zeros",
+    "uniform",
+    "norm-average",
+    "effective-average",
+)
 METHOD_CHOICES = ("lambda", "reversed-lambda", "variance", "norm", "first-to-last", "last-to-first", "random")
 
 
@@ -85,6 +94,25 @@ class CalibrationOptions:
     )
     pairs: bool = opt("The corpus holds sentence pairs (middle separator at slot L/2).", False, is_flag=True)
     max_examples: int | None = opt("Use at most this many corpus examples.", None, type=click.IntRange(min=1))
+
+
+@dataclass(frozen=True)
+class DistillOptions:
+    """How ``distilled`` constants are trained (label-free: the source's hidden states are the targets)."""
+
+    distill_steps: int = opt(
+        "Optimisation steps for --kind distilled (the step budget).", 200, type=click.IntRange(min=1)
+    )
+    distill_objective: str = opt(
+        "What --kind distilled matches: every layer's hidden states, or the last layer's only.",
+        "layers",
+        type=click.Choice(("layers", "last")),
+    )
+    distill_lr: float = opt("Learning rate (Adam, on log C) for --kind distilled.", 0.05, type=float)
+
+    def kwargs(self) -> dict:
+        """Keyword arguments for :func:`papa_surgery.distill.distill`."""
+        return {"steps": self.distill_steps, "objective": self.distill_objective, "lr": self.distill_lr}
 
 
 @dataclass(frozen=True)

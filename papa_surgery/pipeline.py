@@ -13,7 +13,7 @@ import logging
 import os
 from pathlib import Path
 
-from .options import CalibrationOptions, ConvertOptions, PushOptions, RankOptions, RunOptions
+from .options import CalibrationOptions, ConvertOptions, DistillOptions, PushOptions, RankOptions, RunOptions
 from .preflight import (
     check_max_length,
     check_output_file,
@@ -88,7 +88,7 @@ def obtain_constants(
 
     corpus = corpus if corpus is not None else open_corpus(cal)
     return corpus_constants(
-        kind,
+        "average" if kind == "distilled" else kind,  # distillation starts from the average
         model,
         tokenizer,
         corpus,
@@ -151,6 +151,7 @@ def run_convert(
     do_push: bool = False,
     command: str | None = None,
     progress: bool = True,
+    distill: DistillOptions | None = None,
 ) -> Path:
     """``papa-surgery convert``: the whole job; returns the checkpoint folder.
 
@@ -198,6 +199,9 @@ def run_convert(
         constants = obtain_constants(model, tokenizer, source, cal, run, conv.kind, None, progress, corpus=corpus)
     ranking = ranking_file or obtain_ranking(model, tokenizer, rank, constants, run, source, cal, progress)
     heads = ranking.select(conv.fraction)
+    if conv.kind == "distilled":
+        corpus = corpus if corpus is not None else open_corpus(cal)
+        constants = distil_constants(model, tokenizer, corpus, constants, heads, distill, run, progress)
     papa = convert(
         model,
         constants,
@@ -222,7 +226,14 @@ def run_convert(
 
 
 def run_calibrate(
-    model_name: str, cal: CalibrationOptions, run: RunOptions, out: str, progress=True, overwrite: bool = False
+    model_name: str,
+    cal: CalibrationOptions,
+    run: RunOptions,
+    out: str,
+    progress=True,
+    overwrite: bool = False,
+    kind: str = "average",
+    distill: DistillOptions | None = None,
 ) -> Path:
     """``papa-surgery calibrate``: write a constants file (an existing one only with ``overwrite``)."""
     from .loading import load_config
@@ -237,7 +248,29 @@ def run_calibrate(
     model, tokenizer = load_model(model_name, run)
     check_pairs_fit(tokenizer, cal.max_length, cal.pairs)
     constants = obtain_constants(model, tokenizer, source, cal, run, progress=progress, corpus=corpus)
+    if kind == "distilled":  # every head constant: the constants of an attention-free model
+        every = [[layer, head] for layer in range(constants.num_layers) for head in range(constants.num_heads)]
+        constants = distil_constants(model, tokenizer, corpus, constants, every, distill, run, progress)
     return constants.save(out, overwrite=overwrite)
+
+
+def distil_constants(model, tokenizer, corpus, constants, heads, options: DistillOptions | None, run, progress):
+    """``distilled`` constants for ``heads``, trained from ``constants`` on ``corpus`` (``papa_surgery.distill``)."""
+    from .distill import distill
+
+    options = options or DistillOptions()
+    return distill(
+        model,
+        tokenizer,
+        corpus,
+        constants,
+        heads,
+        batch_size=run.batch_size,
+        seed=run.seed,
+        device=run.device,
+        progress=progress,
+        **options.kwargs(),
+    )
 
 
 def run_rank(

@@ -73,7 +73,9 @@ class _Cells:
         heads = art.heads_for(fraction, method, spec, task, length, seed)
         # Constants matter only for constant heads: fraction 0 is the source whatever the kind or corpus.
         constants = art.constants_for(kind if heads else "zeros", spec, task, length)
-        calibrated = bool(heads) and kind == "average"
+        if kind == "distilled" and heads:
+            constants = art.distilled(spec, task, length, heads)
+        calibrated = bool(heads) and kind in ("average", "distilled")
         identity = (
             task.name,
             length,

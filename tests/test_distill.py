@@ -83,3 +83,12 @@ def test_bad_options(tiny, average):
         distill(model, tok, SENTENCES, average, HEADS, objective="nope", progress=False)
     with pytest.raises(ValueError, match="steps"):
         distill(model, tok, SENTENCES, average, HEADS, steps=0, progress=False)
+
+
+def test_public_api_and_calibrate_points_to_distill(tiny):
+    import papa_surgery
+    import papa_surgery.distill as module  # noqa: F401  (binds nothing over the function)
+
+    assert papa_surgery.distill is distill
+    with pytest.raises(ValueError, match="papa_surgery.distill"):
+        papa_surgery.calibrate(tiny.model("bert"), tiny.tokenizer("bert"), SENTENCES, kind="distilled")

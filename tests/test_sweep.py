@@ -251,3 +251,21 @@ def test_lambda_methods_in_a_sweep(tiny_folder, data_dir, tmp_path):
 
     rankings = [Ranking.load(p) for p in sorted((tmp_path / "r.artifacts").glob("*.json"))]
     assert [(r.method, r.provenance["steps"]) for r in rankings] == [("lambda", 2)]  # reversed-lambda reads it back
+
+
+def test_distilled_kind_in_a_sweep_resumes_and_reports(tiny_folder, data_dir, tmp_path):
+    from papa_surgery.report import write_report
+
+    cfg = config(
+        tiny_folder("bert"), data_dir, fractions=(1.0,), seeds=1, kinds=("average", "distilled"),
+        distill_options={"steps": 3},
+    )  # fmt: skip
+    out = tmp_path / "r.jsonl"
+    rows = run_sweep(cfg, out, progress=False)
+    assert [(r["kind"], r["constant_heads"]) for r in rows] == [("average", 8), ("distilled", 8)]
+    assert rows[1]["calibration_examples"] == rows[0]["calibration_examples"]  # distilled from that average
+    assert rows[1]["options"]["distill_options"] == {"steps": 3}
+    assert run_sweep(cfg, out, progress=False) == rows  # resumed: nothing left to run
+    assert len(out.read_text().splitlines()) == 2
+    report = write_report(out, tmp_path / "report")[0].read_text()
+    assert "| distilled |" in report and "| average |" in report  # both kinds in the Table 1 style table
