@@ -11,7 +11,7 @@
 The workflow (:mod:`papa_surgery.api`) and the ``Constants`` / ``Ranking`` objects load on first use
 (PEP 562), so ``import papa_surgery`` and ``papa-surgery --help`` do not import torch.
 
-``papa_surgery.calibrate``, ``papa_surgery.convert`` and ``papa_surgery.probe`` are the workflow functions;
+``papa_surgery.calibrate``, ``convert``, ``probe`` and ``finetune`` are the workflow functions;
 the modules of the same names stay importable as ever (``from papa_surgery.convert import save_checkpoint``).
 """
 
@@ -29,6 +29,7 @@ _LAZY = {
     "convert": "api",
     "save": "api",
     "probe": "api",
+    "finetune": "api",
     "analyze": "api",
     "Constants": "constants",
     "Ranking": "ranking",
@@ -52,8 +53,8 @@ def __dir__() -> list[str]:
 
 
 class _Package(types.ModuleType):
-    """Keeps the workflow functions ``calibrate``, ``convert`` and ``probe`` the package's attributes when the
-    submodules of the same names are imported (the import system would otherwise bind the modules here)."""
+    """Keeps the workflow functions ``calibrate``, ``convert``, ``probe`` and ``finetune`` the package's attributes
+    when the submodules of the same names are imported (the import system would otherwise bind the modules here)."""
 
     def __setattr__(self, name: str, value) -> None:
         if name in _LAZY and isinstance(value, types.ModuleType):

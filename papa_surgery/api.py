@@ -285,6 +285,30 @@ def probe(model: nn.Module, tokenizer: Any, task: str, **options: Any) -> dict:
     return run_probe(model, tokenizer, task, **options)
 
 
+def finetune(model: nn.Module, tokenizer: Any, task: str, **options: Any) -> dict:
+    """Fine-tune a copy of ``model`` end to end on ``task`` and score it (``papa-surgery finetune``, one cell).
+
+    The model is saved and reloaded with the family's stock head (``AutoModelForSequenceClassification`` or
+    ``AutoModelForTokenClassification``) and trained with ``transformers.Trainer``; ``model`` is unchanged.
+    ``options``: the hyperparameters of :class:`papa_surgery.finetune.FinetuneOptions` (``epochs``, ``lr``,
+    ``batch_size``, ``weight_decay``, ``warmup_ratio``, ``eval_batch_size``, ``early_stopping_patience``,
+    ``trainable_constants``, ``max_length``) and ``data_dir``, ``seed``, ``max_train_examples``,
+    ``max_eval_examples``, ``device``, ``progress``. Returns the score and the cost (examples per second for
+    training and inference, peak memory, trainable parameters, checkpoint size).
+
+    Raises:
+        ValueError: ``mlm`` (no fine-tuning head), an unknown option or task, missing data, bad values.
+    """
+    from dataclasses import fields
+
+    from .finetune import FinetuneOptions
+    from .finetune import finetune as run_finetune
+
+    names = {f.name for f in fields(FinetuneOptions)}
+    hyper = {k: options.pop(k) for k in list(options) if k in names}
+    return run_finetune(model, tokenizer, task, options=FinetuneOptions(**hyper), **options)
+
+
 def analyze(
     model: nn.Module,
     tokenizer: Any,

@@ -13,6 +13,7 @@ import sys
 import click
 
 from . import __version__
+from .cli_experiments import finetune, probe, progress_of, report
 from .command_line import command_line as _command_line
 from .command_line import show_user_warnings
 from .options import (
@@ -86,7 +87,7 @@ def _check_constants_options(ctx, constants_file: str | None) -> None:
 
 
 def _progress(ctx) -> bool:
-    return not ctx.obj.get("quiet", False)
+    return progress_of(ctx)
 
 
 @click.group(cls=PapaGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
@@ -215,73 +216,6 @@ def convert(ctx, model, do_push, **kwargs):
     click.echo(f"wrote {out} ({d.get('num_constant_heads', '?')} of {d.get('num_heads_total', '?')} heads constant)")
 
 
-@main.command()
-@click.argument("model_or_dir")
-@click.option(
-    "--task", "tasks", required=True, multiple=True, help="Task(s): sst2, cola, mrpc, mnli, ner, pos, pos-ud, mlm."
-)
-@click.option("--data-dir", help="Read tasks from local files (e.g. ../shared/data) instead of the Hub.")
-@click.option(
-    "--fractions",
-    default="0,1/2,7/8,15/16,1",
-    show_default=True,
-    help="Comma-separated shares of heads made constant (decimals or fractions such as 7/8).",
-)
-@click.option("--seeds", default=3, show_default=True, type=click.IntRange(min=1), help="Seeds per cell.")
-@click.option("--kind", "kinds", multiple=True, help="Constant kind(s) (default average).")
-@click.option("--method", "methods", multiple=True, help="Ranking method(s) (default variance).")
-@click.option("--corpus", help="Calibration corpus (default: the task's own unlabelled training text).")
-@click.option("--max-length", type=click.IntRange(min=4), help="Slots L (default: the task's App. B length).")
-@click.option("--max-train-examples", type=click.IntRange(min=1), help="Cap training examples per task.")
-@click.option("--max-eval-examples", type=click.IntRange(min=1), help="Cap evaluation examples per task.")
-@click.option("--max-calibration-examples", type=click.IntRange(min=1), help="Cap calibration examples.")
-@click.option("--epochs", type=click.IntRange(min=1), help="Override the task's probe epochs.")
-@click.option("--lr", type=float, help="Override the task's probe learning rate.")
-@click.option("--batch-size", type=click.IntRange(min=1), help="Override the task's batch size.")
-@click.option("--device", help="Device (cpu, cuda...).")
-@click.option("--distill-steps", type=click.IntRange(min=1), help="Step budget of the distilled kind (default 200).")
-@click.option("--out", required=True, type=click.Path(dir_okay=False), help="Results file (JSONL, appended).")
-@click.pass_context
-def probe(ctx, model_or_dir, tasks, fractions, kinds, methods, out, **kwargs):
-    """Probe a frozen model over fractions, seeds, kinds and methods (paper 3.3, 4)."""
-    from .sources import EMBEDDED_HUB_ID, resolve_model
-    from .sweep import SweepConfig, parse_fractions, run_sweep
-
-    try:
-        values = parse_fractions(fractions)
-    except (ValueError, ZeroDivisionError) as err:
-        raise click.BadParameter(f"{fractions!r}: {err}", param_hint="'--fractions'") from None
-    options = {k: v for k, v in kwargs.items() if v is not None}
-    seeds = tuple(range(options.pop("seeds")))
-    if "distill_steps" in options:
-        options["distill_options"] = {"steps": options.pop("distill_steps")}
-    label = EMBEDDED_HUB_ID if model_or_dir in ("minilm", "embedded") else model_or_dir
-    config = SweepConfig(
-        model=resolve_model(model_or_dir),
-        label=label,
-        tasks=tuple(tasks),
-        fractions=values,
-        seeds=seeds,
-        **({"kinds": tuple(kinds)} if kinds else {}),
-        **({"methods": tuple(methods)} if methods else {}),
-        **options,
-    )
-    rows = run_sweep(config, out, progress=_progress(ctx))
-    click.echo(f"{len(rows)} result rows in {out}")
-
-
-@main.command()
-@click.argument("results", type=click.Path(exists=True, dir_okay=False))
-@click.option("--out", required=True, type=click.Path(file_okay=False), help="Folder for tables and figures.")
-@click.option("--constants", type=click.Path(exists=True), help="Constants file or checkpoint for heat maps.")
-def report(results, out, constants):
-    """Tables and figures from a results file (paper Tables 1-2, Figs. 2-5)."""
-    from .report import write_report
-
-    for path in write_report(results, out, constants=constants):
-        click.echo(f"wrote {path}")
-
-
 @main.command("inspect")
 @click.argument("directory", type=click.Path(exists=True, file_okay=False))
 def inspect_(directory):
@@ -363,6 +297,10 @@ def _existing(folder):
     import contextlib
 
     return contextlib.nullcontext(folder)
+
+
+for _command in (probe, finetune, report):
+    main.add_command(_command)
 
 
 if __name__ == "__main__":  # pragma: no cover

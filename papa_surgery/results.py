@@ -1,4 +1,6 @@
-"""The results file of a sweep: one JSON line per probed cell, appended and flushed as cells finish.
+"""The results file of a sweep: one JSON line per scored cell, appended and flushed as cells finish.
+
+Probe and fine-tuning rows may share a file: the row's ``protocol`` is part of its resume key.
 
 Shared by ``sweep`` (resume: skip cells already in the file) and ``report`` (tables and figures).
 """
@@ -15,10 +17,16 @@ logger = logging.getLogger("papa_surgery")
 
 TASK_CORPUS = "task"  # the task's own training texts, labels unused (paper 4.1)
 KEY_FIELDS = ("model", "task", "fraction", "kind", "method", "seed", "corpus")
+DEFAULT_PROTOCOL = "probe"  # rows written before fine-tuning existed are probe rows
+
+
+def protocol(row: dict) -> str:
+    """How a row's score was made: ``probe`` (frozen backbone, the paper's) or ``finetune`` (end to end)."""
+    return str(row.get("protocol") or DEFAULT_PROTOCOL)
 
 
 def cell_key(row: dict) -> tuple:
-    """The resume key of a results row: (model, task, fraction, kind, method, seed, corpus)."""
+    """The resume key of a results row: (model, task, fraction, kind, method, seed, corpus, protocol)."""
     corpus = row.get("corpus") or TASK_CORPUS
     return (
         str(row["model"]),
@@ -28,6 +36,7 @@ def cell_key(row: dict) -> tuple:
         str(row["method"]),
         int(row["seed"]),
         str(corpus),
+        protocol(row),
     )
 
 
@@ -60,7 +69,7 @@ def locked(path: str | Path):
 def check_options(rows: list[dict], cell: dict, options: dict, path) -> None:
     """ValueError when ``path`` holds rows of the same model and task made with other score-changing options."""
     for row in rows:
-        if row.get("model") != cell["model"] or row.get("task") != cell["task"]:
+        if row.get("model") != cell["model"] or row.get("task") != cell["task"] or protocol(row) != protocol(cell):
             continue
         recorded = row.get("options")
         if not isinstance(recorded, dict):

@@ -187,7 +187,7 @@ def run_sweep(
     tasks = [get_task(t) for t in _as_tuple(config.tasks)]
     model_config = model.config if model is not None else _config_of(config)
     papa = is_papa_config(model_config)
-    cells = _checkpoint_cells(config, model_config) if papa else config.cells()
+    cells = [{**c, "protocol": job.name} for c in (_checkpoint_cells(config, model_config) if papa else config.cells())]
     options = {task.name: job.score_options(task) for task in tasks}
     with locked(out_path):  # a second sweep on this file waits, then skips what this one wrote
         existing = [r for r in read_rows(out_path, repair=True) if is_row(r)]

@@ -57,11 +57,13 @@ def test_workflow_names_are_the_functions_even_after_their_modules_are_imported(
     import papa_surgery.calibrate as calibrate_module  # noqa: F401  (binds nothing over the function)
     import papa_surgery.convert  # noqa: F401
     from papa_surgery.convert import convert as convert_heads
+    from papa_surgery.finetune import finetune as run_finetune
     from papa_surgery.probe import probe as run_probe
 
-    for name in ("calibrate", "rank", "convert", "probe", "analyze", "save", "load"):
+    for name in ("calibrate", "rank", "convert", "probe", "finetune", "analyze", "save", "load"):
         assert callable(getattr(papa_surgery, name)) and getattr(papa_surgery, name).__module__ == "papa_surgery.api"
     assert papa_surgery.convert is not convert_heads and papa_surgery.probe is not run_probe
+    assert papa_surgery.finetune is not run_finetune
     assert papa_surgery.Constants.__name__ == "Constants" and papa_surgery.Ranking.__name__ == "Ranking"
     assert {"calibrate", "Constants"} <= set(dir(papa_surgery))
     with pytest.raises(AttributeError):

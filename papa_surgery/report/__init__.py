@@ -2,14 +2,16 @@
 
 By job: ``stats`` (means over seeds with 95% t-intervals, relative drops), ``tables`` (markdown),
 ``figures`` (matplotlib, the paper's axis: the share of heads kept input-dependent, ``1 - fraction``) and
-``tensors`` (constant matrices read back from constants files and checkpoints).
+``tensors`` (constant matrices read back from constants files and checkpoints) and ``finetuned``
+(fine-tuned beside probed scores, with cost relative to the source).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from .figures import plot_constants, plot_drop, plot_fractions, plot_methods
+from .figures import plot_constants, plot_drop, plot_finetuned, plot_fractions, plot_methods
+from .finetuned import cost_summary, split_protocols, table_finetuned
 from .stats import GROUP_FIELDS, METHOD_PREFERENCE, load_results, relative_drops, summarize, t_critical
 from .tables import corpus_label, markdown_table, table_all, table_corpora, table_kinds
 from .tensors import constant_matrices
@@ -18,10 +20,12 @@ __all__ = [
     "GROUP_FIELDS",
     "METHOD_PREFERENCE",
     "constant_matrices",
+    "cost_summary",
     "corpus_label",
     "load_results",
     "plot_constants",
     "plot_drop",
+    "plot_finetuned",
     "plot_fractions",
     "plot_methods",
     "relative_drops",
@@ -29,16 +33,20 @@ __all__ = [
     "t_critical",
     "table_all",
     "table_corpora",
+    "table_finetuned",
     "table_kinds",
     "write_report",
 ]
 
 
 def write_report(results_path, out_dir, constants=None) -> list[Path]:
-    """Write ``report.md`` (all scores, Table 1, Table 2) and the figures into ``out_dir``.
+    """Write ``report.md`` (all scores, Table 1, Table 2, fine-tuned vs probed with cost) and the figures.
+
+    The paper's tables and figures are made from the probe rows (from the fine-tuning rows when there are
+    no probe rows); fine-tuning rows add a section with both protocols side by side and the cost columns.
 
     Args:
-        results_path: a sweep's JSONL results.
+        results_path: a sweep's JSONL results, or several (e.g. a probe file and a finetune file).
         out_dir: output folder (created).
         constants: optional constants file, ``Constants`` or PAPA checkpoint for the Fig. 4 heat maps.
 
@@ -49,15 +57,20 @@ def write_report(results_path, out_dir, constants=None) -> list[Path]:
         FileNotFoundError: no results file.
         ValueError: no result rows in it.
     """
-    rows = load_results(results_path)
-    if not any(r.get("score") is not None for r in rows):
-        raise ValueError(f"{results_path} holds no results")
+    paths = [results_path] if isinstance(results_path, (str, Path)) else list(results_path)
+    all_rows = [row for path in paths for row in load_results(path)]
+    names = ", ".join(f"`{Path(p).name}`" for p in paths)
+    if not any(r.get("score") is not None for r in all_rows):
+        raise ValueError(f"{names} holds no results")
+    probed, tuned = split_protocols(all_rows)
+    rows = probed or tuned
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     figures: list[tuple[str, Path | None]] = [
         ("Score vs share of heads kept input-dependent (Fig. 2)", plot_fractions(rows, out_dir / "fig2_fractions.png")),
         ("Original score vs relative drop with every head constant (Fig. 3)", plot_drop(rows, out_dir / "fig3.png")),
         ("Ranking methods (Fig. 5)", plot_methods(rows, out_dir / "fig5_methods.png")),
+        ("Fine-tuned and probed (Fig. 2 style)", plot_finetuned(all_rows, out_dir / "fig2_finetuned.png")),
     ]
     if constants is not None:
         figures.append(("Constant matrices (Fig. 4)", plot_constants(constants, out_dir / "fig4_constants.png")))
@@ -67,9 +80,9 @@ def write_report(results_path, out_dir, constants=None) -> list[Path]:
     fractions = {e["fraction"] for e in summary}
     end = 1.0 if 1.0 in fractions else max(fractions)
     lines = [
-        "# PAPA probing report",
+        "# PAPA probing report" if probed else "# PAPA fine-tuning report",
         "",
-        f"Results: `{Path(results_path).name}` ({len(rows)} rows). Scores are means over seeds ± the 95% "
+        f"Results: {names} ({len(all_rows)} rows). Scores are means over seeds ± the 95% "
         "confidence interval (t-distribution). *fraction* is the share of heads made constant; figures show "
         "the share kept input-dependent (1 − fraction), like the paper.",
         "",
@@ -94,9 +107,21 @@ def write_report(results_path, out_dir, constants=None) -> list[Path]:
             ),
             "",
         ]
+    if tuned:
+        lines += [
+            "## Fine-tuned and probed, with cost relative to the source (fraction 0)",
+            "",
+            "Speed-ups are examples per second relative to fraction 0 (> 1 is faster); size is the checkpoint's "
+            "weights and peak memory the run's peak, both relative to fraction 0 (< 1 is smaller).",
+            "",
+            table_finetuned(all_rows),
+            "",
+        ]
     lines += ["## Figures", ""]
     lines += [f"![{title}]({path.name})" for title, path in figures]
     lines += ["", "## All results", "", table_all(rows), ""]
+    if probed and tuned:
+        lines += ["## All fine-tuning results", "", table_all(tuned), ""]
     report = out_dir / "report.md"
     report.write_text("\n".join(lines), encoding="utf-8")
     return [report, *[path for _, path in figures]]

@@ -1,4 +1,4 @@
-"""Figures from a sweep's results (paper Figs. 2, 3 and 5) and heat maps of constant matrices (Fig. 4).
+"""Figures from a sweep's results (paper Figs. 2, 3 and 5; fine-tuned vs probed) and heat maps of constants (Fig. 4).
 
 Figures use the paper's axis: the share of heads kept input-dependent, ``1 - fraction``. matplotlib runs with
 the Agg backend.
@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from .finetuned import split_protocols
 from .stats import METHOD_PREFERENCE, main_curves, ordered, prefer, relative_drops, summarize
 from .tables import fraction_label
 from .tensors import constant_matrices
@@ -108,6 +109,28 @@ def plot_methods(rows, out_path) -> Path | None:
             _curve(ax, [e for e in sub if e["method"] == method], positions, method)
         ax.set_title(f"{_short(model)} · {task}")
         ax.set_ylabel(sub[0]["metric"] or "score")
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    return _save(fig, out_path, plt)
+
+
+def plot_finetuned(rows, out_path) -> Path | None:
+    """Fig.-2-style panels, one per task: score vs share of heads kept input-dependent, probed and fine-tuned."""
+    probed, tuned = split_protocols(rows)
+    if not tuned:
+        return None
+    curves = {"fine-tuned": main_curves(summarize(tuned)), "probe": main_curves(summarize(probed))}
+    tasks = ordered(e["task"] for e in curves["fine-tuned"])
+    plt = _plt()
+    fig, axes = _grid(len(tasks), plt)
+    for ax, task in zip(axes, tasks, strict=False):
+        subs = {name: [e for e in entries if e["task"] == task] for name, entries in curves.items()}
+        positions = _fraction_axis(ax, [e["kept_fraction"] for sub in subs.values() for e in sub])
+        for name, sub in subs.items():
+            for model in ordered(e["model"] for e in sub):
+                _curve(ax, [e for e in sub if e["model"] == model], positions, f"{_short(model)} ({name})")
+        ax.set_title(task)
+        ax.set_ylabel(subs["fine-tuned"][0]["metric"] or "score")
         ax.legend(fontsize=7)
     fig.tight_layout()
     return _save(fig, out_path, plt)

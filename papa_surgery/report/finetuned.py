@@ -1,0 +1,117 @@
+"""Fine-tuned beside probed results, and what each converted model costs relative to its source.
+
+Cost ratios compare a cell with the fraction-0 cell (no constant heads, the source's computation) of the
+same model, task, corpus, kind and method, averaged over seeds: training and inference speed-up
+(examples per second, > 1 is faster), checkpoint size and peak memory (< 1 is smaller).
+"""
+
+from __future__ import annotations
+
+import statistics
+
+from ..results import protocol
+from .stats import GROUP_FIELDS, main_curves, pick, summarize
+from .tables import cell, fraction_label, markdown_table
+
+COST_FIELDS = (
+    "train_examples_per_second",
+    "inference_examples_per_second",
+    "peak_memory_mb",
+    "trainable_parameters",
+    "checkpoint_bytes",
+)
+
+
+def split_protocols(rows) -> tuple[list[dict], list[dict]]:
+    """(probe rows, fine-tuning rows) of a results list."""
+    return [r for r in rows if protocol(r) == "probe"], [r for r in rows if protocol(r) == "finetune"]
+
+
+def _key(row_or_entry: dict) -> tuple:
+    return tuple(
+        round(float(row_or_entry[f]), 6) if f == "fraction" else str(row_or_entry.get(f) or "task")
+        for f in GROUP_FIELDS
+    )
+
+
+def cost_summary(rows) -> list[dict]:
+    """Per fine-tuning group: the mean of each cost field over seeds and its ratio to the fraction-0 group.
+
+    Returns dicts with the group fields, ``<field>`` (mean) for each of ``COST_FIELDS``, and
+    ``train_speedup``, ``inference_speedup``, ``size_ratio``, ``memory_ratio`` (``None`` without a fraction-0 group).
+    """
+    _, tuned = split_protocols(rows)
+    groups: dict[tuple, list[dict]] = {}
+    for row in tuned:
+        groups.setdefault(_key(row), []).append(row)
+    means = {}
+    for key, members in groups.items():
+        entry = dict(zip(GROUP_FIELDS, key, strict=True))
+        for name in COST_FIELDS:
+            values = [float(r[name]) for r in members if r.get(name) is not None]
+            entry[name] = statistics.fmean(values) if values else None
+        means[key] = entry
+    ratios = {
+        "train_speedup": "train_examples_per_second",
+        "inference_speedup": "inference_examples_per_second",
+        "size_ratio": "checkpoint_bytes",
+        "memory_ratio": "peak_memory_mb",
+    }
+    out = []
+    for key, entry in means.items():
+        base = means.get((*key[:-1], 0.0))
+        for ratio, name in ratios.items():
+            ok = base is not None and entry[name] is not None and base[name]
+            entry[ratio] = entry[name] / base[name] if ok else None
+        out.append(entry)
+    return out
+
+
+def _ratio(value: float | None, suffix: str = "×") -> str:
+    return "–" if value is None else f"{value:.2f}{suffix}"
+
+
+def table_finetuned(rows) -> str:
+    """Markdown: per model, task and kept share, the probe and fine-tuned scores and the cost columns."""
+    probed, tuned = split_protocols(rows)
+    if not tuned:
+        return ""
+    tuned_curve = main_curves(summarize(tuned))
+    probe_summary = summarize(probed)
+    costs = {_key(c): c for c in cost_summary(rows)}
+    header = [
+        "model",
+        "task",
+        "kept input-dependent",
+        "probe",
+        "fine-tuned",
+        "train speed-up",
+        "inference speed-up",
+        "size",
+        "peak memory",
+        "trainable parameters",
+    ]
+    body = []
+    for e in sorted(tuned_curve, key=lambda e: (e["model"], e["task"], -e["kept_fraction"])):
+        probe = pick(probe_summary, model=e["model"], task=e["task"], fraction=e["fraction"], kind=e["kind"])
+        c = costs.get(_key(e), {})
+        params = c.get("trainable_parameters")
+        body.append(
+            [
+                _short(e["model"]),
+                e["task"],
+                fraction_label(e["kept_fraction"]),
+                cell(probe),
+                cell(e),
+                _ratio(c.get("train_speedup")),
+                _ratio(c.get("inference_speedup")),
+                _ratio(c.get("size_ratio")),
+                _ratio(c.get("memory_ratio")),
+                "–" if params is None else f"{params / 1e6:.2f} M",
+            ]
+        )
+    return markdown_table(header, body, text_columns=3)
+
+
+def _short(model: str) -> str:
+    return str(model).rstrip("/").split("/")[-1]

@@ -1,0 +1,168 @@
+"""``finetune``: each cell fine-tunes the converted model end to end with Trainer, scores it and records its cost."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import json
+import math
+
+import pytest
+import torch
+from click.testing import CliRunner
+from conftest import needs_shared_data, shared_data_dir
+from metric_values import is_accuracy_of
+from test_sweep import config, write_sst2
+
+import papa_surgery
+from papa_surgery.cli import main
+from papa_surgery.finetune import FinetuneJob, FinetuneOptions, finetune
+from papa_surgery.report import cost_summary, write_report
+from papa_surgery.results import cell_key, read_rows
+from papa_surgery.sweep import run_sweep
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+train_mod = importlib.import_module("papa_surgery.finetune.train")
+COST = ("train_examples_per_second", "inference_examples_per_second", "peak_memory_mb", "checkpoint_bytes")
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+    return write_sst2(tmp_path_factory.mktemp("finetune-data"), train=40, dev=16)
+
+
+class CountingFinetune:
+    """Wraps the real ``finetune``: counts calls and raises on the ``fail_on``-th (an interruption)."""
+
+    def __init__(self, fail_on: int | None = None):
+        self.calls, self.fail_on, self.real = 0, fail_on, train_mod.finetune
+
+    def __call__(self, *args, **kwargs):
+        self.calls += 1
+        if self.calls == self.fail_on:
+            raise KeyboardInterrupt("simulated interruption")
+        return self.real(*args, **kwargs)
+
+
+def sweep(cfg, out, **options):
+    return run_sweep(cfg, out, progress=False, job=FinetuneJob(cfg, FinetuneOptions(**options)))
+
+
+def test_finetune_sweep_writes_score_and_cost_rows_resumes_and_repeats(tiny_folder, data_dir, tmp_path, monkeypatch):
+    cfg = config(tiny_folder("bert"), data_dir, fractions=(0.0, 1.0), seeds=2, epochs=1, batch_size=16)
+    out = tmp_path / "finetune.jsonl"
+    monkeypatch.setattr(train_mod, "finetune", CountingFinetune(fail_on=3))
+    with pytest.raises(KeyboardInterrupt):
+        sweep(cfg, out)
+    assert len(read_rows(out)) == 2
+    resumed = CountingFinetune()
+    monkeypatch.setattr(train_mod, "finetune", resumed)
+    rows = sweep(cfg, out)
+    assert resumed.calls == 2 and len(read_rows(out)) == 4  # only the two missing cells ran
+    by_fraction = {}
+    for r in rows:
+        assert r["protocol"] == "finetune" and r["metric"] == "accuracy" and is_accuracy_of(r["score"], 16)
+        assert r["examples"] == 40 and r["eval_examples"] == 16 and r["epochs"] == 1
+        assert r["steps"] == math.ceil(40 / 16)  # one epoch of batches of 16
+        assert all(r[name] > 0 for name in COST), r
+        assert r["options"]["lr"] == 5e-5 and r["options"]["batch_size"] == 16 and r["options"]["epochs"] == 1
+        by_fraction.setdefault(r["fraction"], r)
+    # Attention-free: no query/key projections left to train, and a smaller checkpoint at this L.
+    assert by_fraction[1.0]["trainable_parameters"] < by_fraction[0.0]["trainable_parameters"]
+    assert by_fraction[1.0]["total_parameters"] == by_fraction[1.0]["trainable_parameters"]  # constants: buffers
+
+    again = sweep(cfg, tmp_path / "again.jsonl")
+    for first, second in zip(rows, again, strict=True):
+        assert cell_key(first) == cell_key(second)
+        for name in ("score", "training_loss", "steps", "trainable_parameters", "checkpoint_bytes"):
+            assert first[name] == second[name], name
+
+
+def test_resuming_with_other_hyperparameters_is_refused(tiny_folder, data_dir, tmp_path):
+    cfg = config(tiny_folder("bert"), data_dir, fractions=(0.0,), seeds=1, epochs=1)
+    out = tmp_path / "r.jsonl"
+    sweep(cfg, out)
+    with pytest.raises(ValueError, match="--weight-decay"):
+        sweep(cfg, out, weight_decay=0.1)
+
+
+def test_trainable_constants_add_exactly_the_constant_values(tiny_folder, data_dir, tmp_path):
+    cfg = config(tiny_folder("bert"), data_dir, fractions=(0.5,), seeds=1, epochs=1, kinds=("toeplitz",))
+    frozen = sweep(cfg, tmp_path / "frozen.jsonl")[0]
+    trained = sweep(cfg, tmp_path / "trained.jsonl", trainable_constants=True)[0]
+    heads, length = frozen["constant_heads"], frozen["max_length"]
+    assert trained["trainable_parameters"] - frozen["trainable_parameters"] == heads * length * length
+    assert trained["options"]["trainable_constants"] and not frozen["options"]["trainable_constants"]
+
+
+def test_probe_and_finetune_rows_share_a_file_and_report_side_by_side(tiny_folder, data_dir, tmp_path):
+    cfg = config(tiny_folder("bert"), data_dir, fractions=(0.0, 1.0), seeds=1, epochs=1)
+    out = tmp_path / "both.jsonl"
+    probed = run_sweep(cfg, out, progress=False)
+    tuned = sweep(cfg, out)
+    rows = read_rows(out)
+    assert len(rows) == 4 and {r.get("protocol") for r in rows} == {"probe", "finetune"}
+    assert {cell_key(r) for r in probed}.isdisjoint(cell_key(r) for r in tuned)
+
+    costs = {c["fraction"]: c for c in cost_summary(rows)}
+    base, free = (next(r for r in tuned if r["fraction"] == f) for f in (0.0, 1.0))
+    expected = free["train_examples_per_second"] / base["train_examples_per_second"]
+    assert costs[1.0]["train_speedup"] == pytest.approx(expected)
+    assert costs[1.0]["size_ratio"] == pytest.approx(free["checkpoint_bytes"] / base["checkpoint_bytes"])
+    assert costs[0.0]["train_speedup"] == 1.0
+
+    paths = write_report(out, tmp_path / "report")
+    text = paths[0].read_text()
+    assert "# PAPA probing report" in text and "## Fine-tuned and probed" in text
+    table = text.split("## Fine-tuned and probed")[1].split("##")[0]
+    assert f"{expected:.2f}×" in table and f"{free['score']:.3f}" in table
+    assert any(p.name == "fig2_finetuned.png" for p in paths)
+
+
+def test_the_public_finetune_takes_hyperparameters_as_keywords(tiny, data_dir):
+    model, tok = tiny.model("bert"), tiny.tokenizer("bert")
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    row = papa_surgery.finetune(model, tok, "sst2", data_dir=str(data_dir), epochs=1, batch_size=8, progress=False)
+    assert row["steps"] == 5 and row["batch_size"] == 8 and row["examples"] == 40  # 40 examples in batches of 8
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())  # a copy was trained
+    with pytest.raises(TypeError, match="no_such_option"):
+        papa_surgery.finetune(model, tok, "sst2", data_dir=str(data_dir), no_such_option=1)
+
+
+def test_finetune_refuses_what_it_cannot_train(tiny, data_dir):
+    model, tok = tiny.model("bert"), tiny.tokenizer("bert")
+    with pytest.raises(ValueError, match="'mlm' has no fine-tuning head"):
+        finetune(model, tok, "mlm", data_dir=str(data_dir))
+    with pytest.raises(ValueError, match="--trainable-constants needs a model with constant heads"):
+        finetune(model, tok, "sst2", options=FinetuneOptions(trainable_constants=True), data_dir=str(data_dir))
+    with pytest.raises(ValueError, match="--warmup-ratio"):
+        finetune(model, tok, "sst2", options=FinetuneOptions(warmup_ratio=1.5), data_dir=str(data_dir))
+
+
+def test_cli_finetune_writes_rows_and_report_reads_several_files(tiny_folder, data_dir, tmp_path):
+    out = tmp_path / "cli.jsonl"
+    args = ["-q", "finetune", str(tiny_folder("bert")), "--task", "sst2", "--data-dir", str(data_dir)]
+    args += ["--fractions", "0,1", "--seeds", "1", "--epochs", "1", "--max-length", "32", "--out", str(out)]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, result.output
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["fraction"] for r in rows] == [0.0, 1.0] and all(r["protocol"] == "finetune" for r in rows)
+    result = CliRunner().invoke(main, ["report", str(out), str(out), "--out", str(tmp_path / "rep")])
+    assert result.exit_code == 0, result.output
+    assert "# PAPA fine-tuning report" in (tmp_path / "rep" / "report.md").read_text()
+
+
+SST2_MAJORITY = 444 / 872  # SST-2 dev: 444 positive of 872
+
+
+@pytest.mark.real
+@needs_shared_data("glue", "sst2")
+def test_minilm_fine_tuned_on_sst2_is_far_above_the_majority_at_fractions_0_and_1(minilm_path, tmp_path):
+    cfg = config(
+        minilm_path, shared_data_dir(), fractions=(0.0, 1.0), seeds=1, epochs=1, max_length=64, kinds=("average",)
+    )
+    cfg = dataclasses.replace(cfg, max_train_examples=1000, lr=1e-4)  # one short epoch: a higher rate
+    rows = sweep(cfg, tmp_path / "minilm.jsonl")
+    for row in rows:
+        assert row["examples"] == 1000 and row["eval_examples"] == 872
+        assert row["score"] > SST2_MAJORITY + 0.15, row
