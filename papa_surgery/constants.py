@@ -22,6 +22,7 @@ DATA_FREE_KINDS = ("identity", "toeplitz", "zeros", "uniform")
 ANALYSIS_KINDS = ("norm-average", "effective-average")  # papa_surgery.analysis.analysis_constants
 TRAINED_KINDS = ("distilled",)  # papa_surgery.distill.distill, starting from the average
 KINDS = ("average", *TRAINED_KINDS, *ANALYSIS_KINDS, *DATA_FREE_KINDS)
+LABELED_KINDS = ("labeled-average", "labeled-toeplitz")  # probe sweeps only: trained with the probe (labeled.py)
 
 
 def _kind_matrix(kind: str, max_length: int) -> torch.Tensor:

@@ -171,6 +171,8 @@ class SweepArtifacts:
         from .architectures import num_heads_layers
         from .constants import Constants
 
+        if kind.startswith("labeled-"):  # the starting matrices; labeled.py trains them with the probe
+            kind = kind.removeprefix("labeled-")
         if kind in CORPUS_KINDS:
             return self.calibrated(spec, task, length, kind)
         if kind == "distilled":  # the starting point; ``distilled`` trains it for a cell's heads

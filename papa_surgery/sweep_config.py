@@ -96,7 +96,7 @@ class SweepConfig:
 
     def validate(self) -> None:
         """ValueError for any input the sweep cannot run (before anything is computed or written)."""
-        from .constants import KINDS
+        from .constants import KINDS, LABELED_KINDS
         from .probe.tasks import get_task
         from .ranking import check_fraction, check_method
 
@@ -112,8 +112,8 @@ class SweepConfig:
         if not seeds or any(s < 0 for s in seeds) or len(set(seeds)) != len(seeds):
             raise ValueError(f"seeds must be a positive count or distinct non-negative integers, got {self.seeds!r}")
         for kind in _as_tuple(self.kinds) or ("",):
-            if kind not in KINDS:
-                raise ValueError(f"unknown constant kind {kind!r}; choose one of {', '.join(KINDS)}")
+            if kind not in (*KINDS, *LABELED_KINDS):
+                raise ValueError(f"unknown constant kind {kind!r}; choose one of {', '.join((*KINDS, *LABELED_KINDS))}")
         for method in _as_tuple(self.methods) or ("",):
             check_method(method)
         for spec in self.corpora:
