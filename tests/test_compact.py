@@ -147,3 +147,22 @@ def test_compact_parts_have_the_declared_shapes():
     parts = compact_parts(_random_constants().values[1], layout, torch.float16)
     assert {k: tuple(v.shape) for k, v in parts.items()} == layout.shapes(4)
     assert all(v.dtype == torch.float16 for v in parts.values())
+
+
+@pytest.mark.parametrize("model_type", ["bert", "mpnet"])
+def test_compact_constants_export_with_dynamic_shapes(tiny, model_type):
+    """The rebuild is pure tensor arithmetic: torch.export traces it (interface and override families)."""
+    from conftest import PAIRS, SENTENCES
+    from test_clients import Encoder, batch
+
+    tok, src = tiny.tokenizer(model_type), tiny.model(model_type)
+    papa = convert(src, _random_constants(), HEADS, tokenizer=tok, storage="compact", compact_band=4, compact_rank=3)
+    model = Encoder(papa).eval()
+    first, second = batch(tok, SENTENCES[:2]), batch(tok, PAIRS, pairs=True)
+    b, n = torch.export.Dim("batch"), torch.export.Dim("length", max=L)
+    shapes = ({0: b, 1: n}, {0: b, 1: n})
+    program = torch.export.export(model, (first["input_ids"], first["attention_mask"]), dynamic_shapes=shapes)
+    got = program.module()(second["input_ids"], second["attention_mask"])
+    with torch.no_grad():
+        expected = model(second["input_ids"], second["attention_mask"])
+    assert float((got - expected).abs().max()) <= 1e-5
