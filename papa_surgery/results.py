@@ -11,6 +11,7 @@ import contextlib
 import json
 import logging
 import os
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 logger = logging.getLogger("papa_surgery")
@@ -40,6 +41,38 @@ def cell_key(row: dict) -> tuple:
     )
 
 
+@dataclass(frozen=True)
+class Cell:
+    """One cell of a sweep: the model, task, conversion (fraction, kind, method, corpus), seed and protocol.
+
+    A results row is a cell's fields plus what scoring it measured; ``key`` is the resume key of both.
+    """
+
+    model: str
+    task: str
+    fraction: float
+    kind: str
+    method: str
+    seed: int
+    corpus: str = TASK_CORPUS
+    protocol: str = DEFAULT_PROTOCOL
+
+    @property
+    def key(self) -> tuple:
+        return cell_key(self.fields())
+
+    def fields(self) -> dict:
+        """The cell as the leading fields of its results row."""
+        return asdict(self)
+
+    def with_protocol(self, name: str) -> Cell:
+        return replace(self, protocol=name)
+
+    def describe(self) -> str:
+        """A short label for progress bars."""
+        return f"{self.task} {self.kind}/{self.method} f={self.fraction:g} seed={self.seed}"
+
+
 @contextlib.contextmanager
 def locked(path: str | Path):
     """Hold an exclusive lock on the results file while a sweep reads and appends to it.
@@ -66,10 +99,11 @@ def locked(path: str | Path):
             fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
 
 
-def check_options(rows: list[dict], cell: dict, options: dict, path) -> None:
-    """ValueError when ``path`` holds rows of the same model and task made with other score-changing options."""
+def check_options(rows: list[dict], cell: Cell, options: dict, path) -> None:
+    """ValueError when ``path`` holds rows of the same model, task and protocol made with other score-changing
+    options."""
     for row in rows:
-        if row.get("model") != cell["model"] or row.get("task") != cell["task"] or protocol(row) != protocol(cell):
+        if (row.get("model"), row.get("task"), protocol(row)) != (cell.model, cell.task, cell.protocol):
             continue
         recorded = row.get("options")
         if not isinstance(recorded, dict):
@@ -78,7 +112,7 @@ def check_options(rows: list[dict], cell: dict, options: dict, path) -> None:
             if name in recorded and recorded[name] != value:
                 flag = "--" + name.replace("_", "-")
                 raise ValueError(
-                    f"{path} holds {cell['task']} results of {cell['model']} made with {flag} {recorded[name]} "
+                    f"{path} holds {cell.task} results of {cell.model} made with {flag} {recorded[name]} "
                     f"(this run: {value}); resume with the same options, or write to another --out"
                 )
 

@@ -18,7 +18,7 @@ import logging
 from pathlib import Path
 
 from . import __version__
-from .results import TASK_CORPUS, append_row, cell_key, check_options, is_row, locked, read_rows
+from .results import TASK_CORPUS, Cell, append_row, cell_key, check_options, is_row, locked, read_rows
 from .sweep_artifacts import SweepArtifacts
 from .sweep_config import (  # noqa: F401  (re-exported: the sweep's public names)
     CONSTANTS_METHODS,
@@ -65,13 +65,13 @@ class _Cells:
                     if spec not in (TASK_CORPUS, DEFAULT_CORPUS) and not spec.startswith(TASK_CORPUS + ":"):
                         art.open_corpus(spec, task)
 
-    def run_cell(self, cell: dict, task) -> dict:
+    def run_cell(self, cell: Cell, task) -> dict:
         """Convert the cell's model (unless the previous cell's is the same) and run the job on it."""
         from .convert import convert
 
         art = self.art
         length = art.length(task)
-        kind, method, spec, fraction, seed = (cell[k] for k in ("kind", "method", "corpus", "fraction", "seed"))
+        kind, method, spec, fraction, seed = cell.kind, cell.method, cell.corpus, cell.fraction, cell.seed
         heads = art.heads_for(fraction, method, spec, task, length, seed)
         # Constants matter only for constant heads: fraction 0 is the source whatever the kind or corpus.
         constants = art.constants_for(kind if heads else "zeros", spec, task, length)
@@ -114,7 +114,7 @@ class _Cells:
             _, model, state = self.current
             scored = self.job.run(model, art.tokenizer, task, seed, art.progress, shared=state)
         fields = {"constant_heads": len(heads), "num_heads_total": art.total_heads, "max_length": length, **scored}
-        self.results[(identity, seed)] = (fields, {k: cell[k] for k in ("kind", "method", "corpus")})
+        self.results[(identity, seed)] = (fields, {"kind": kind, "method": method, "corpus": spec})
         return {**fields, **corpus_info}
 
     def run_labeled(self, model, task, seed: int) -> dict:
@@ -139,18 +139,18 @@ class _Cells:
         )
         return {k: result.get(k) for k in self.job.fields if k in result}
 
-    def run_checkpoint_cell(self, cell: dict, task) -> dict:
+    def run_checkpoint_cell(self, cell: Cell, task) -> dict:
         """Score a PAPA checkpoint as it is (its heads, constants and layout are fixed)."""
         conf = self.art.model.config
         return {
             "constant_heads": len(conf.papa_constant_heads or []),
             "max_length": conf.papa_max_length,
             "corpus_description": None,
-            **self.job.run(self.art.model, self.art.tokenizer, task, cell["seed"], self.art.progress),
+            **self.job.run(self.art.model, self.art.tokenizer, task, cell.seed, self.art.progress),
         }
 
 
-def _checkpoint_cells(config: SweepConfig, model_config) -> list[dict]:
+def _checkpoint_cells(config: SweepConfig, model_config) -> list[Cell]:
     """Cells for a PAPA checkpoint: tasks x seeds at its own fraction, kind and method."""
     from .architectures import num_heads_layers
     from .probe.tasks import get_task
@@ -167,7 +167,7 @@ def _checkpoint_cells(config: SweepConfig, model_config) -> list[dict]:
             "to sweep fractions, kinds or methods pass its source model"
         )
     return [
-        dict(
+        Cell(
             model=config.model_name,
             task=get_task(t).name,
             fraction=float(fraction),
@@ -212,14 +212,14 @@ def run_sweep(
     tasks = [get_task(t) for t in _as_tuple(config.tasks)]
     model_config = model.config if model is not None else _config_of(config)
     papa = is_papa_config(model_config)
-    cells = [{**c, "protocol": job.name} for c in (_checkpoint_cells(config, model_config) if papa else config.cells())]
+    cells = [c.with_protocol(job.name) for c in (_checkpoint_cells(config, model_config) if papa else config.cells())]
     options = {task.name: job.score_options(task) for task in tasks}
     with locked(out_path):  # a second sweep on this file waits, then skips what this one wrote
         existing = [r for r in read_rows(out_path, repair=True) if is_row(r)]
         for cell in cells:
-            check_options(existing, cell, options[cell["task"]], out_path)
+            check_options(existing, cell, options[cell.task], out_path)
         done = {cell_key(r): r for r in existing}
-        todo = [c for c in cells if cell_key(c) not in done]
+        todo = [c for c in cells if c.key not in done]
         if todo:
             artifacts = SweepArtifacts(config, out_path, progress, model, tokenizer)
             artifacts.load(need_mlm=any(t.kind == "mlm" for t in tasks))
@@ -229,21 +229,19 @@ def run_sweep(
                 logger.info("%s: %d of %d cells already done; resuming", out_path, len(cells) - len(todo), len(cells))
             bar = tqdm(todo, desc="sweep", unit="cell", disable=not progress)
             for cell in bar:
-                bar.set_postfix_str(
-                    f"{cell['task']} {cell['kind']}/{cell['method']} f={cell['fraction']:g} seed={cell['seed']}"
-                )
-                task = get_task(cell["task"])
+                bar.set_postfix_str(cell.describe())
+                task = get_task(cell.task)
                 body = sweep.run_checkpoint_cell(cell, task) if papa else sweep.run_cell(cell, task)
                 row = {
-                    **cell,
-                    "kept_fraction": round(1.0 - cell["fraction"], 10),
+                    **cell.fields(),
+                    "kept_fraction": round(1.0 - cell.fraction, 10),
                     **body,
                     "options": options[task.name],
                     "papa_surgery_version": __version__,
                 }
                 append_row(out_path, row)
                 done[cell_key(row)] = row
-    return [done[cell_key(c)] for c in cells]
+    return [done[c.key] for c in cells]
 
 
 def _config_of(config: SweepConfig):

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .constants import ANALYSIS_KINDS
-from .results import TASK_CORPUS
+from .results import TASK_CORPUS, Cell
 
 DEFAULT_FRACTIONS = (0.0, 0.5, 0.875, 0.9375, 1.0)  # paper Fig. 2: {1, 1/2, 1/8, 1/16, 0} of heads kept
 DEFAULT_CORPUS = "default"  # the WikiText-2 excerpt bundled with papa-surgery
@@ -149,13 +149,12 @@ class SweepConfig:
             ),
         }
 
-    def cells(self) -> list[dict]:
+    def cells(self) -> list[Cell]:
         """Every cell of the sweep, in the order it runs (seeds innermost, so a converted model serves all).
 
         Equal cells (``0.5`` and ``1/2``, a repeated kind...) appear once.
         """
         from .probe.tasks import get_task
-        from .results import cell_key
 
         out, seen = [], set()
         for task in _as_tuple(self.tasks):
@@ -164,7 +163,7 @@ class SweepConfig:
                     for method in _as_tuple(self.methods):
                         for fraction in _as_tuple(self.fractions):
                             for seed in self.seed_list:
-                                cell = dict(
+                                cell = Cell(
                                     model=self.model_name,
                                     task=get_task(task).name,
                                     fraction=float(fraction),
@@ -173,8 +172,8 @@ class SweepConfig:
                                     seed=int(seed),
                                     corpus=corpus,
                                 )
-                                if cell_key(cell) not in seen:
-                                    seen.add(cell_key(cell))
+                                if cell.key not in seen:
+                                    seen.add(cell.key)
                                     out.append(cell)
         return out
 

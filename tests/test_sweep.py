@@ -10,7 +10,7 @@ import pytest
 import torch
 from metric_values import is_accuracy_of
 
-from papa_surgery.results import cell_key, read_rows
+from papa_surgery.results import Cell, cell_key, read_rows
 from papa_surgery.sweep import DEFAULT_FRACTIONS, SweepConfig, run_sweep
 
 POSITIVE = ["charming", "fun", "astounding", "affecting", "good", "great"]
@@ -184,6 +184,15 @@ def test_bad_input_fails_before_any_line(tiny_folder, data_dir, tmp_path, monkey
 def test_cell_key_ignores_float_noise():
     row = dict(model="m", task="sst2", fraction=0.875, kind="average", method="variance", seed=1)
     assert cell_key(row) == cell_key({**row, "fraction": 7 / 8 + 1e-12, "corpus": "task"})
+
+
+def test_a_cell_and_its_row_share_one_key_and_rows_without_a_protocol_are_probe_rows():
+    cell = Cell(model="m", task="sst2", fraction=0.875, kind="average", method="variance", seed=1)
+    old_row = {k: v for k, v in cell.fields().items() if k != "protocol"}  # written before fine-tuning existed
+    assert cell.key == cell_key({**cell.fields(), "score": 0.5}) == cell_key(old_row)
+    assert cell.with_protocol("finetune").key != cell.key
+    cells = SweepConfig(model="m", fractions=(0.5, 1 / 2, 1.0), seeds=1).cells()
+    assert [c.fraction for c in cells] == [0.5, 1.0] and all(isinstance(c, Cell) for c in cells)
 
 
 def test_mlm_sweep_with_a_masked_lm_head(tiny_folder, data_dir, tmp_path):
