@@ -50,6 +50,8 @@ def main() -> None:
     parser.add_argument("--heldout", type=int, default=400)
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--max-length", type=int, default=64)
+    parser.add_argument("--lr", type=float, default=0.05, help="distillation learning rate (Adam on log C)")
+    parser.add_argument("--objectives", nargs="+", default=["layers", "last"], choices=["layers", "last"])
     parser.add_argument("--threads", type=int, default=None)
     args = parser.parse_args()
     if args.threads:
@@ -67,18 +69,22 @@ def main() -> None:
     average = calibrate(model, tok, corpus, max_length=args.max_length, batch_size=32, progress=False)
     calibration = time.perf_counter() - start
     heads = [[layer, h] for layer in range(6) for h in range(12)]
-    rows = [("average", average, calibration)]
-    for objective in ("layers", "last"):
-        start = time.perf_counter()
-        made = distill(model, tok, corpus, average, heads, steps=args.steps, objective=objective, progress=False)
-        rows.append((f"distilled ({objective})", made, time.perf_counter() - start))
     print(f"MiniLM, fraction 1, L={args.max_length}; calibrated on {len(corpus)} WikiText-2 lines, measured on "
           f"{len(heldout)} SST-2 dev sentences (held out, another source)")  # fmt: skip
     print(f"{'constants':<22} {'token cos':>9} {'sentence cos':>12} {'seconds':>8} {'x calibration':>13}")
-    for name, constants, seconds in rows:
+
+    def show(name: str, constants, seconds: float) -> None:  # each row as soon as it is measured
         papa = convert(model, constants, heads, tokenizer=tok)
         token, sentence = agreement(model, papa, tok, heldout, args.max_length)
         print(f"{name:<22} {token:>9.4f} {sentence:>12.4f} {seconds:>8.1f} {seconds / calibration:>12.1f}x", flush=True)
+
+    show("average", average, calibration)
+    for objective in args.objectives:
+        start = time.perf_counter()
+        made = distill(
+            model, tok, corpus, average, heads, steps=args.steps, objective=objective, lr=args.lr, progress=False
+        )
+        show(f"distilled ({objective})", made, time.perf_counter() - start)
 
 
 if __name__ == "__main__":
