@@ -50,7 +50,7 @@ def main() -> None:
     parser.add_argument("--heldout", type=int, default=400)
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--max-length", type=int, default=64)
-    parser.add_argument("--lr", type=float, default=0.05, help="distillation learning rate (Adam on log C)")
+    parser.add_argument("--lr", type=float, default=0.01, help="distillation learning rate (Adam on log C)")
     parser.add_argument("--objectives", nargs="+", default=["layers", "last"], choices=["layers", "last"])
     parser.add_argument("--threads", type=int, default=None)
     args = parser.parse_args()

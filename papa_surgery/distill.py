@@ -60,7 +60,7 @@ def distill(
     heads,
     *,
     steps: int = 200,
-    lr: float = 0.05,
+    lr: float = 0.01,
     batch_size: int = 16,
     objective: str = "layers",
     seed: int = 0,

@@ -108,7 +108,7 @@ class DistillOptions:
         "layers",
         type=click.Choice(("layers", "last")),
     )
-    distill_lr: float = opt("Learning rate (Adam, on log C) for --kind distilled.", 0.05, type=float)
+    distill_lr: float = opt("Learning rate (Adam, on log C) for --kind distilled.", 0.01, type=float)
 
     def kwargs(self) -> dict:
         """Keyword arguments for :func:`papa_surgery.distill.distill`."""

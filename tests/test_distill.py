@@ -29,7 +29,7 @@ def average(tiny):
 
 def _distill(tiny, average, **kwargs):
     model, tok = tiny.model("bert"), tiny.tokenizer("bert")
-    options = {"steps": 15, "batch_size": 4, "progress": False, **kwargs}
+    options = {"steps": 15, "batch_size": 4, "lr": 0.05, "progress": False, **kwargs}
     return model, tok, distill(model, tok, SENTENCES, average, HEADS, **options)
 
 
