@@ -137,6 +137,8 @@ def render_card(
         source_link=f"[{source}](https://huggingface.co/{d['base_model']})" if d["base_model"] else f"`{source}`",
         family=d["family"],
         architectures=", ".join(d["architectures"]) or "-",
+        family_notes=d.get("family_notes", "").replace("|", "\\|"),
+        min_transformers=d.get("min_transformers", ""),
         num_constant_heads=d["num_constant_heads"],
         num_heads_total=d["num_heads_total"],
         fraction_percent=_percent(fraction),

@@ -67,7 +67,7 @@ def separator_id(tokenizer, config) -> int | None:
     return getattr(tokenizer if tokenizer is not None else config, "sep_token_id", None)
 
 
-def build_papa_model(source, config, constants: dict[int, torch.Tensor] | None = None):
+def build_papa_model(source, config, constants: dict[int, torch.Tensor] | None = None, unused: tuple[str, ...] = ()):
     """Build a PAPA model from a source model the way ``from_pretrained`` builds it from a checkpoint.
 
     The PAPA class is constructed on the meta device from ``config``; its state dict is the source's with
@@ -79,6 +79,8 @@ def build_papa_model(source, config, constants: dict[int, torch.Tensor] | None =
         config: its PAPA config (:func:`papa_config`).
         constants: ``{layer: (Hc, L, L)}`` for each layer's constant heads, in head order; zeros if absent.
             A config with a compact layout stores them as compact parts (``papa_surgery.compact``).
+        unused: prefixes of weights the caller never reads (the encoder's pooler in a lambda model), zeros
+            where the source lacks them (RoBERTa-style task heads build their encoder without a pooler).
 
     Returns:
         The PAPA model, on the source's device, in eval mode.
@@ -115,6 +117,8 @@ def build_papa_model(source, config, constants: dict[int, torch.Tensor] | None =
         elif key in rows:
             source_key, keep = rows[key]
             state[key] = source_state[source_key][keep]
+        elif key not in source_state and key.startswith(unused):
+            state[key] = torch.zeros(meta.shape)
         else:
             state[key] = source_state[key]
         state[key] = state[key].to(meta.dtype)
@@ -223,6 +227,12 @@ def linear_names(family, heads, num_layers: int, num_heads: int) -> dict[str, li
     kept = [layer for layer in all_layers if len(set(constant.get(layer, []))) < num_heads]
     if family.style == "deberta":  # fused q/k/v: in_proj stays where a head is kept
         return {"in_proj": kept, "papa_value_proj": [layer for layer in all_layers if constant.get(layer)]}
+    if family.fused_qkv:  # ModernBERT: Wqkv stays a Linear where no head is constant, else Wqkv.proj holds its rows
+        return {
+            family.q: [layer for layer in all_layers if not constant.get(layer)],
+            f"{family.q}.proj": [layer for layer in all_layers if constant.get(layer)],
+            family.out: all_layers,
+        }
     names = {family.q: kept, family.k: kept, family.v: all_layers}
     if family.out:
         names[family.out] = all_layers

@@ -197,6 +197,8 @@ def describe(folder) -> dict:
     return {
         "folder": str(folder),
         "family": family.model_type,
+        "family_notes": family.notes,
+        "min_transformers": ".".join(map(str, family.min_transformers)),
         "model_type": config["model_type"],
         "architectures": list(config.get("architectures") or []),
         "auto_class": auto_class_for(config.get("architectures")),
@@ -337,6 +339,8 @@ def format_description(d: dict) -> str:
     lines = [
         f"PAPA checkpoint: {d['folder']}",
         f"  family          {d['family']} ({', '.join(d['architectures']) or 'no architectures'})",
+        *[f"  family notes    {d['family_notes']}; needs transformers>={d['min_transformers']}"]
+        * bool(d.get("family_notes")),
         f"  source          {d['source_model']}" + (f" @ {d['source_revision']}" if d["source_revision"] else ""),
         f"  constant heads  {d['num_constant_heads']} of {d['num_heads_total']}"
         + (f" (fraction {fraction:.4g})" if fraction is not None else ""),

@@ -65,7 +65,7 @@ def lambda_model(model: nn.Module, constants: Constants, tokenizer=None) -> nn.M
         papa_surgery_version=__version__,
     )
     values = {layer: constants.values[layer].float() for layer in range(num_layers)}  # (H, L, L) each
-    mixed = build_papa_model(source, config, values)
+    mixed = build_papa_model(source, config, values, unused=("pooler.",))  # the probe reads hidden states only
     for name, param in mixed.named_parameters():
         param.requires_grad_(name.endswith("papa_lambda_logits"))
     return mixed.eval()

@@ -19,9 +19,24 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-FAMILY_TYPES = ["bert", "roberta", "xlm-roberta", "electra", "distilbert", "mpnet", "deberta", "deberta-v2"]
-ROBERTA_STYLE = {"roberta", "xlm-roberta", "mpnet"}
-NO_TOKEN_TYPES = {"distilbert", "mpnet", "roberta", "xlm-roberta"}
+# The modern encoders (rotary positions) follow the paper's encoders and the five more.
+MODERN_TYPES = ["modernbert", "gte", "nomic_bert", "eurobert", "jina_embeddings_v3"]
+FAMILY_TYPES = [
+    "bert",
+    "roberta",
+    "xlm-roberta",
+    "electra",
+    "distilbert",
+    "mpnet",
+    "deberta",
+    "deberta-v2",
+    *MODERN_TYPES,
+]
+ROBERTA_STYLE = {"roberta", "xlm-roberta", "mpnet", "jina_embeddings_v3"}
+NO_TOKEN_TYPES = {"distilbert", "mpnet", "roberta", "xlm-roberta", "modernbert", "eurobert", "jina_embeddings_v3"}
+# ModernBERT's tiny model alternates a global layer and a local one whose window (|i - j| <= 3) is shorter
+# than most test inputs; EuroBERT's shares each key/value head between two query heads.
+MODERNBERT_WINDOW = 3
 
 HIDDEN, LAYERS, HEADS, INTERMEDIATE, MAX_POSITIONS = 32, 2, 4, 37, 96
 
@@ -154,6 +169,32 @@ def family_config(model_type: str, vocab_size: int, pad_id: int, attn: str = "ea
         kwargs.update(
             hidden_size=HIDDEN, num_hidden_layers=LAYERS, num_attention_heads=HEADS, intermediate_size=INTERMEDIATE
         )
+    if model_type in MODERN_TYPES:
+        kwargs.pop("hidden_dropout_prob")
+        kwargs.pop("attention_probs_dropout_prob")
+    if model_type == "modernbert":
+        kwargs.update(
+            local_attention=2 * MODERNBERT_WINDOW,
+            global_attn_every_n_layers=2,
+            attention_dropout=0.1,
+            mlp_dropout=0.1,
+            cls_token_id=2,
+            sep_token_id=3,
+            bos_token_id=2,
+            eos_token_id=3,
+            attention_bias=True,
+            norm_eps=1e-12,
+        )
+    if model_type == "eurobert":
+        kwargs.update(
+            num_key_value_heads=HEADS // 2, attention_dropout=0.1, bos_token_id=2, eos_token_id=3, mask_token_id=4
+        )
+    if model_type in ("gte", "nomic_bert", "jina_embeddings_v3"):
+        kwargs.update(hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1)
+    if model_type in ("gte", "nomic_bert"):
+        kwargs["type_vocab_size"] = 2
+    if model_type == "jina_embeddings_v3":
+        kwargs.update(bos_token_id=0, eos_token_id=2, type_vocab_size=1)
     if model_type in ("bert", "electra", "deberta"):
         kwargs["type_vocab_size"] = 2
     if model_type in ("roberta", "xlm-roberta"):

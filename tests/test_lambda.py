@@ -354,3 +354,13 @@ def test_minilm_lambda_ranking_on_real_sst2(minilm):
     assert all(0.0 < s < 1.0 for s in ranking.scores)
     assert ranking.provenance["steps"] == 10 and ranking.provenance["examples"] == 320
     assert ranking.provenance["source_model"] and "/" not in ranking.provenance["source_model"]  # no local paths
+
+
+@pytest.mark.parametrize("model_type", ["roberta", "jina_embeddings_v3"])
+def test_lambda_model_of_a_task_head_whose_encoder_has_no_pooler(tiny, model_type):
+    """RoBERTa-style task heads build their encoder without a pooler; the lambda model still builds and runs."""
+    src = tiny.model(model_type, head="AutoModelForSequenceClassification")
+    assert src.base_model.pooler is None
+    mixed = lambda_model(src, _constants(), tiny.tokenizer(model_type))
+    batch = _inputs(tiny.tokenizer(model_type), pairs=False)
+    assert _out(mixed, batch).shape[-1] == src.config.hidden_size

@@ -8,10 +8,11 @@ import random
 
 import pytest
 import torch
+from conftest import FAMILY_TYPES, make_constants
 from metric_values import is_accuracy_of, is_f1_of
 
 from papa_surgery.probe import SentenceProbe, TokenProbe, probe
-from papa_surgery.probe.features import FeatureStore, encode_split
+from papa_surgery.probe.features import FeatureStore, backbone_of, encode_split
 from papa_surgery.probe.tasks import CONLL_NER_LABELS
 
 POSITIVE = ["charming", "fun", "astounding", "affecting", "good", "great"]
@@ -166,6 +167,23 @@ def test_probe_papa_model_uses_its_slot_count(tiny_model, tiny_tokenizer, papa, 
     assert result["max_length"] == 48
     with pytest.raises(ValueError, match="papa_max_length=48"):
         probe(model, tok, "sst2", data_dir=data_dir, max_length=64, **QUICK)
+
+
+@pytest.mark.parametrize("model_type", FAMILY_TYPES)
+def test_a_converted_task_head_model_probes_its_encoder_with_slots(model_type, tiny_model, tiny_tokenizer, papa):
+    """The probe reads a task-head PAPA model's encoder (its base_model computes no slots) through
+    ``papa_base_forward``: the same hidden states as the whole model's forward."""
+    src, tok = tiny_model(model_type, head="AutoModelForSequenceClassification"), tiny_tokenizer(model_type)
+    layers, heads = src.config.num_hidden_layers, src.config.num_attention_heads
+    model = papa(src, [[0, 0], [layers - 1, heads - 1]], make_constants("random", layers, heads, 32), max_length=32)
+    enc = tok(["the movie is good", "a dull and boring ride ."], padding=True, return_tensors="pt")
+    encoder = backbone_of(model)
+    with torch.no_grad():
+        ours = encoder(**enc, output_hidden_states=True, return_dict=True).hidden_states
+        full = model(**enc, output_hidden_states=True).hidden_states
+    assert len(ours) == len(full) == layers + 1
+    for a, b in zip(ours, full, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
 
 
 def test_mlm(tiny_model, tiny_tokenizer, data_dir):

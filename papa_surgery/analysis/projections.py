@@ -117,9 +117,14 @@ def head_projections(model) -> list[HeadProjections]:
             b_v = getattr(attn, family.fused_value_bias).detach().float().view(heads, d)
         else:
             lin = getattr(attn, family.v)
-            w_rows = lin.weight.detach().float().view(heads, d, -1)  # (H, d, D)
-            bias = lin.bias.detach().float() if lin.bias is not None else torch.zeros(heads * d, device=w_rows.device)
-            b_v = bias.view(heads, d)
+            w, bias = lin.weight.detach().float(), lin.bias
+            bias = bias.detach().float() if bias is not None else torch.zeros(w.shape[0], device=w.device)
+            if family.fused_qkv:  # ModernBERT's Wqkv: [Q; K; V] rows, V last
+                w, bias = w[2 * heads * d :], bias[2 * heads * d :]
+            w_rows, b_v = w.view(-1, d, w.shape[-1]), bias.view(-1, d)  # (H or K, d, D), (H or K, d)
+            if w_rows.shape[0] != heads:  # grouped-query attention: each query head reads its group's value head
+                w_rows = w_rows.repeat_interleave(heads // w_rows.shape[0], dim=0)  # (H, d, D)
+                b_v = b_v.repeat_interleave(heads // b_v.shape[0], dim=0)
         w_v = w_rows.transpose(1, 2).contiguous()  # (H, D, d)
         w_o = w_o_full.T.reshape(heads, d, d_model).contiguous()  # (H, d, D)
         b_o = proj.bias.detach().float() if proj.bias is not None else None

@@ -101,8 +101,14 @@ def rebuild(parts: dict[str, torch.Tensor], layout: CompactLayout) -> torch.Tens
     return dense.clamp_min(0)
 
 
-def add_compact_constants(module, heads: int, layout: CompactLayout, dtype: torch.dtype, device) -> None:
-    """Give ``module`` persistent zero buffers for the compact parts of ``heads`` constant heads."""
+def add_compact_constants(module, heads: int, layout: CompactLayout, dtype: torch.dtype, device, trained=False) -> None:
+    """Give ``module`` persistent zero buffers for the compact parts of ``heads`` constant heads.
+
+    Raises:
+        ValueError: ``trained`` (trainable constants or lambda mixing): compact constants are frozen.
+    """
+    if trained:
+        raise ValueError("compact constants are frozen: train dense constants (papa_compact_band=None)")
     for name, shape in layout.shapes(heads).items():
         module.register_buffer(name, torch.zeros(shape, dtype=dtype, device=device), persistent=True)
     module.papa_compact_layout = layout

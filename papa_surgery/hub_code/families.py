@@ -9,6 +9,8 @@ It ships inside every PAPA checkpoint (imports only the standard library), and
 from __future__ import annotations
 
 import importlib
+import importlib.metadata
+import re
 from dataclasses import dataclass, field
 
 _COMMON_HEADS = {
@@ -46,6 +48,16 @@ class Family:
         layers_attr: config attribute holding the number of layers.
         middle_separators: separator tokens between the two segments of a pair (RoBERTa-style: 2).
         auto_classes: auto class name -> transformers class name.
+        min_transformers: the oldest transformers release (major, minor) whose modeling module this
+            family's PAPA attention works with (the family is missing, or dispatches attention outside the
+            attention interface, before it).
+        fused_qkv: ``q``, ``k`` and ``v`` name one fused projection with rows ``[Q; K; V]`` (ModernBERT's
+            ``Wqkv``), which the family's forward splits into three equal blocks of every head.
+        kv_heads_attr: config attribute holding the number of key/value heads of grouped-query
+            attention (EuroBERT), else ``None``.
+        window_attr: config attribute holding the half width w of a local layer's sliding window
+            (a token attends to tokens at distance <= w), for families with local layers, else ``None``.
+        notes: what PAPA does differently for this family (README table, model card).
     """
 
     model_type: str
@@ -65,6 +77,11 @@ class Family:
     layers_attr: str = "num_hidden_layers"
     middle_separators: int = 1
     auto_classes: dict = field(default_factory=dict)
+    min_transformers: tuple[int, int] = (5, 0)
+    fused_qkv: bool = False
+    kv_heads_attr: str | None = None
+    window_attr: str | None = None
+    notes: str = ""
 
     @property
     def papa_model_type(self) -> str:
@@ -74,16 +91,37 @@ class Family:
     def papa_prefix(self) -> str:
         return f"Papa{self.prefix}"
 
+    def check_transformers(self, version: str | None = None) -> None:
+        """ImportError naming the release needed when the installed transformers is older than the family's."""
+        version = version or importlib.metadata.version("transformers")
+        match = re.match(r"(\d+)\.(\d+)", version)
+        found = tuple(int(x) for x in match.groups()) if match else (0, 0)
+        if found < self.min_transformers:
+            need = ".".join(map(str, self.min_transformers))
+            raise ImportError(
+                f"{self.model_type} models need transformers>={need} for PAPA attention, but transformers "
+                f'{version} is installed: pip install "transformers>={need}"'
+            )
+
     def transformers_module(self):
+        self.check_transformers()
         return importlib.import_module(f"transformers.models.{self.module}.modeling_{self.module}")
 
     def config_class(self):
+        self.check_transformers()
         mod = importlib.import_module(f"transformers.models.{self.module}.configuration_{self.module}")
         return getattr(mod, f"{self.prefix}Config")
 
 
 def _heads(prefix: str, skip: tuple[str, ...] = ()) -> dict:
     return {auto: prefix + suffix for auto, suffix in _COMMON_HEADS.items() if suffix not in skip}
+
+
+# The modern encoders: rotary positions, separate or fused projections named like decoder LLMs'. They were
+# written and tested against transformers 5.23 (5.0 has none of them but ModernBERT, which there still runs
+# its own attention functions instead of the attention interface).
+_MODERN = (5, 23)
+_ROTARY = "rotary positions on the kept heads only"
 
 
 FAMILIES: dict[str, Family] = {
@@ -165,6 +203,94 @@ FAMILIES: dict[str, Family] = {
             layer_class="DebertaV2Layer",
             needs_output_attentions=True,
             auto_classes=_heads("DebertaV2"),
+        ),
+        Family(
+            "modernbert",
+            "ModernBert",
+            "modernbert",
+            "ModernBertAttention",
+            "interface",
+            q="Wqkv",
+            k="Wqkv",
+            v="Wqkv",
+            out="Wo",
+            output_projection="Wo",
+            fused_qkv=True,
+            window_attr="sliding_window",
+            auto_classes=_heads("ModernBert"),
+            min_transformers=_MODERN,
+            notes=(
+                f"{_ROTARY}; fused Wqkv keeps the kept heads' Q/K rows (the constant heads' Q/K enter the "
+                "forward as zeros); a local layer's constants are masked to its sliding window at use"
+            ),
+        ),
+        Family(
+            "gte",
+            "Gte",
+            "gte",
+            "GteAttention",
+            "interface",
+            q="q_proj",
+            k="k_proj",
+            v="v_proj",
+            out="o_proj",
+            output_projection="o_proj",
+            auto_classes=_heads("Gte", skip=("ForQuestionAnswering", "ForMultipleChoice")),
+            min_transformers=_MODERN,
+            notes=_ROTARY,
+        ),
+        Family(
+            "nomic_bert",
+            "NomicBert",
+            "nomic_bert",
+            "NomicBertAttention",
+            "interface",
+            q="q_proj",
+            k="k_proj",
+            v="v_proj",
+            out="o_proj",
+            output_projection="o_proj",
+            auto_classes=_heads("NomicBert", skip=("ForQuestionAnswering", "ForMultipleChoice")),
+            min_transformers=_MODERN,
+            notes=_ROTARY,
+        ),
+        Family(
+            "eurobert",
+            "EuroBert",
+            "eurobert",
+            "EuroBertAttention",
+            "interface",
+            q="q_proj",
+            k="k_proj",
+            v="v_proj",
+            out="o_proj",
+            output_projection="o_proj",
+            kv_heads_attr="num_key_value_heads",
+            auto_classes=_heads("EuroBert", skip=("ForQuestionAnswering", "ForMultipleChoice")),
+            min_transformers=_MODERN,
+            notes=(
+                f"{_ROTARY}; grouped-query attention: a key head is removed only when every query head of "
+                "its group is constant, value heads all stay (constant heads read them)"
+            ),
+        ),
+        Family(
+            "jina_embeddings_v3",
+            "JinaEmbeddingsV3",
+            "jina_embeddings_v3",
+            "JinaEmbeddingsV3Attention",
+            "interface",
+            q="q_proj",
+            k="k_proj",
+            v="v_proj",
+            out="o_proj",
+            output_projection="o_proj",
+            middle_separators=2,
+            auto_classes=_heads("JinaEmbeddingsV3", skip=("ForMultipleChoice",)),
+            min_transformers=_MODERN,
+            notes=(
+                f"{_ROTARY}; transformers' native class has no task adapters: `task=` is refused (a task "
+                "LoRA made for the source's full Q/K does not fit the shrunk projections)"
+            ),
         ),
     ]
 }

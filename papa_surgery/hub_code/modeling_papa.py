@@ -177,8 +177,19 @@ class PapaModelMixin:
 
         ``papa_slots`` (B, N) overrides the slots computed from ``input_ids`` and ``attention_mask``.
         """
+        return self._with_slots(super().forward, papa_slots, inputs)
+
+    def papa_base_forward(self, papa_slots: torch.Tensor | None = None, **inputs):
+        """The encoder under the task head (``self.base_model``) with the batch's slots: its outputs without
+        the head's compute (a probe reads the hidden states of every layer)."""
+        base = self.base_model
+        run = super().forward if base is self else base.forward
+        return self._with_slots(run, papa_slots, inputs)
+
+    def _with_slots(self, run, papa_slots: torch.Tensor | None, inputs: dict):
+        _refuse_task_adapters(inputs)
         if not self.config.papa_constant_heads:
-            return super().forward(**inputs)
+            return run(**inputs)
         if papa_slots is None:
             input_ids, embeds = inputs.get("input_ids"), inputs.get("inputs_embeds")
             if input_ids is None and embeds is None:
@@ -187,9 +198,24 @@ class PapaModelMixin:
                 _refuse_embedded_pairs(inputs.get("token_type_ids"), inputs.get("attention_mask"))
             papa_slots = self.papa_slots(input_ids, inputs.get("attention_mask"), embeds)
         if self.papa_uses_interface:
-            return super().forward(**inputs, papa_slots=papa_slots)
+            return run(**inputs, papa_slots=papa_slots)
         with slot_scope(papa_slots):
-            return super().forward(**inputs)
+            return run(**inputs)
+
+
+def _refuse_task_adapters(inputs: dict) -> None:
+    """Jina-v3's remote code picks a task LoRA with ``task=``/``adapter_mask=``; transformers' class has none.
+
+    transformers would pass the unknown keyword on to the attention function, which ignores it: refuse
+    rather than silently encode without the task adapter.
+    """
+    given = sorted(k for k in ("task", "task_id", "adapter_mask") if inputs.get(k) is not None)
+    if given:
+        raise ValueError(
+            f"{given[0]}= selects a task adapter, which transformers' native classes (and so PAPA checkpoints) do "
+            "not have: encode without it, with the instruction prefix of the task in the text; a task LoRA made "
+            "for the source's full query/key projections does not fit a PAPA model's shrunk ones"
+        )
 
 
 def _refuse_embedded_pairs(token_type_ids, attention_mask) -> None:

@@ -12,6 +12,23 @@ A head that is both kept and constant (lambda training only, never in a checkpoi
 outputs: ``lambda * attn + (1 - lambda) * const`` with ``lambda = sigmoid(papa_lambda_logits)``, which
 equals attending with ``B = lambda * A + (1 - lambda) * rownorm(C * mask)`` (paper section 3.2).
 
+Modern encoders (rotary positions) apply rotary to whatever query/key heads the projections give, so
+shrinking the projections is what keeps constant heads out of it. Three of them need more:
+
+* Fused ``[Q; K; V]`` (ModernBERT's ``Wqkv``): the family's forward splits the fused output into three
+  equal blocks of every head, so :class:`PapaFusedQKV` computes only the kept heads' Q/K rows and all V
+  rows, and fills the constant heads' Q/K with zeros (no projection FLOPs; the module's rotary still runs
+  over those zero heads, an elementwise O(N d) per head). The attention function drops them again.
+* Grouped-query attention (EuroBERT): query head h reads key/value head ``h // g``. A key head is removed
+  only when every query head of its group is constant; value heads all stay, since the constant heads
+  read them. The kept heads then run as plain multi-head attention over their groups' keys and values.
+* Sliding-window layers (ModernBERT's local layers): a token attends to tokens at distance <= w. A
+  constant is defined on slots, and slots are not token distances (a pair's second segment starts at
+  L/2, the final separator sits at L-1), so a calibrated constant can hold mass between slots whose
+  tokens are farther than w apart in some other input. The window is therefore applied at use, on the
+  token positions of the batch, before the row normalisation (``slots.constant_attention``): a local
+  constant head never puts weight outside its layer's window, whatever L and the input length.
+
 This file ships inside every PAPA checkpoint: it imports only torch, transformers and siblings.
 """
 
@@ -25,7 +42,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from .compact_constants import CompactLayout, add_compact_constants, constants_of
+from .compact_constants import add_compact_constants, constants_of
 from .slots import constant_attention
 
 PAPA_PREFIX = "papa_"
@@ -134,6 +151,31 @@ def no_heads(hidden_states: torch.Tensor, head_dim: int) -> torch.Tensor:
     return hidden_states.new_zeros(()).expand(*hidden_states.shape[:-1], head_dim)
 
 
+class PapaFusedQKV(nn.Module):
+    """A fused ``[Q; K; V]`` projection that computes only the kept heads' Q/K rows (and every V row).
+
+    Its output has the source's width and layout, ``[Q | K | V]`` of H heads each, so the family's forward
+    splits it unchanged; within the Q and K blocks the kept heads come first and the constant heads'
+    places hold zeros (never read: the attention function keeps the first Hk heads of Q and K).
+    """
+
+    def __init__(self, linear: nn.Linear, heads: PapaHeads):
+        super().__init__()
+        h, d = heads.num_heads, heads.head_dim
+        kept = heads.rows(heads.kept)
+        rows = [*kept, *(h * d + r for r in kept), *range(2 * h * d, 3 * h * d)]
+        self.rows = rows
+        self.kept_width = len(kept)  # Hk * d
+        self.const_width = (h - len(heads.kept)) * d  # Hc * d
+        self.proj = shrink_linear(linear, rows)
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        y = self.proj(hidden_states)  # (..., (2 Hk + H) d)
+        q, k, v = y.split([self.kept_width, self.kept_width, y.shape[-1] - 2 * self.kept_width], dim=-1)
+        zeros = y.new_zeros(()).expand(*y.shape[:-1], self.const_width)  # (..., Hc d), not allocated
+        return torch.cat([q, zeros, k, zeros, v], dim=-1)  # (..., 3 H d)
+
+
 def shrink_linear(linear: nn.Linear, rows: list[int]) -> nn.Linear:
     """A Linear with only ``rows`` of ``linear``'s outputs (weights copied; none drawn from the RNG)."""
     new = torch.nn.utils.skip_init(
@@ -153,12 +195,7 @@ def shrink_linear(linear: nn.Linear, rows: list[int]) -> nn.Linear:
 
 
 def add_constants(
-    module: nn.Module,
-    heads: PapaHeads,
-    max_length: int,
-    dtype: torch.dtype,
-    trainable: bool,
-    compact: CompactLayout | None = None,
+    module: nn.Module, heads: PapaHeads, max_length: int, dtype: torch.dtype, trainable: bool, compact=None
 ) -> None:
     """Give ``module`` its constant matrices (and lambda logits when mixing), on its own device.
 
@@ -167,10 +204,8 @@ def add_constants(
     With a ``compact`` layout the buffers are the compact parts (``compact_constants.py``) instead.
     """
     device = next(module.parameters()).device
-    if heads.const and compact is not None:
-        if trainable or heads.mixed:
-            raise ValueError("compact constants are frozen: train dense constants (papa_compact_band=None)")
-        add_compact_constants(module, len(heads.const), compact, dtype, device)
+    if heads.const and compact is not None:  # a CompactLayout: frozen parts (compact_constants.py)
+        add_compact_constants(module, len(heads.const), compact, dtype, device, trainable or heads.mixed)
     elif heads.const:
         data = torch.zeros(len(heads.const), max_length, max_length, dtype=dtype, device=device)  # (Hc, L, L)
         if trainable:
@@ -191,27 +226,25 @@ def shrink_projections(module: nn.Module, names: Sequence[str], heads: PapaHeads
     """
     if not heads.const or heads.mixed:
         return
-    rows = heads.rows(heads.kept)
     for name in names:
-        linear = getattr(module, name, None)
-        if linear is None:
-            continue
-        delattr(module, name)
-        setattr(module, name, shrink_linear(linear, rows) if rows else stand_in)
-        if rows:
-            module.papa_rows[f"{name}.weight"] = (f"{name}.weight", rows)
-            if linear.bias is not None:
-                module.papa_rows[f"{name}.bias"] = (f"{name}.bias", rows)
+        shrink_rows(module, name, heads.rows(heads.kept), stand_in)
+
+
+def shrink_rows(module: nn.Module, name: str, rows: list[int], stand_in=None) -> None:
+    """Keep only ``rows`` of the projection ``module.<name>`` (``stand_in`` when none), recorded in ``papa_rows``."""
+    linear = getattr(module, name, None)
+    if linear is None:
+        return
+    delattr(module, name)
+    setattr(module, name, shrink_linear(linear, rows) if rows else stand_in)
+    if rows:
+        module.papa_rows[f"{name}.weight"] = (f"{name}.weight", rows)
+        if linear.bias is not None:
+            module.papa_rows[f"{name}.bias"] = (f"{name}.bias", rows)
 
 
 def setup_interface_attention(
-    module: nn.Module,
-    family,
-    heads: PapaHeads,
-    max_length: int,
-    dtype: torch.dtype,
-    trainable: bool,
-    compact: CompactLayout | None = None,
+    module: nn.Module, family, heads: PapaHeads, max_length: int, dtype: torch.dtype, trainable: bool, compact=None
 ) -> None:
     """Turn one interface-family self-attention module into PAPA attention, in place.
 
@@ -219,8 +252,48 @@ def setup_interface_attention(
     is kept, since the family's forward still calls them) and adds the constants.
     """
     module.papa_heads, module.papa_rows = heads, {}
-    shrink_projections(module, (family.q, family.k), heads, functools.partial(no_heads, head_dim=heads.head_dim))
+    if family.window_attr and getattr(module, "sliding_window", None) is not None:
+        module.papa_window = int(getattr(module.config, family.window_attr))
+    if family.fused_qkv:
+        _shrink_fused(module, family.q, heads)
+    elif family.kv_heads_attr:
+        _shrink_grouped(module, family, heads)
+    else:
+        stand_in = functools.partial(no_heads, head_dim=heads.head_dim)
+        shrink_projections(module, (family.q, family.k), heads, stand_in)
     add_constants(module, heads, max_length, dtype, trainable, compact)
+
+
+def _shrink_fused(module: nn.Module, name: str, heads: PapaHeads) -> None:
+    """Replace a fused ``[Q; K; V]`` projection by :class:`PapaFusedQKV` when the layer has constant heads."""
+    if not heads.const or heads.mixed:
+        return
+    fused = PapaFusedQKV(getattr(module, name), heads)
+    setattr(module, name, fused)
+    module.papa_zero_qk = True  # the Q/K handed to the attention function carry zeros for the constant heads
+    module.papa_rows[f"{name}.proj.weight"] = (f"{name}.weight", fused.rows)
+    if fused.proj.bias is not None:
+        module.papa_rows[f"{name}.proj.bias"] = (f"{name}.bias", fused.rows)
+
+
+def _shrink_grouped(module: nn.Module, family, heads: PapaHeads) -> None:
+    """Grouped-query attention: shrink Q to the kept heads and K to the key heads a kept head reads.
+
+    ``papa_kv`` maps every query head to its value head, ``papa_key`` every kept head to its row in the
+    shrunk keys; with them the attention function runs the kept heads as multi-head attention
+    (``num_key_value_groups`` 1), since the kept heads of a group need not be a whole group.
+    """
+    if not heads.const or heads.mixed:
+        return
+    groups = heads.num_heads // int(getattr(module.config, family.kv_heads_attr))
+    kept_kv = sorted({h // groups for h in heads.kept})
+    module.papa_kv = tuple(h // groups for h in range(heads.num_heads))
+    module.papa_key = tuple(kept_kv.index(h // groups) for h in heads.kept)
+    module.num_key_value_groups = 1
+    stand_in = functools.partial(no_heads, head_dim=heads.head_dim)
+    shrink_projections(module, (family.q,), heads, stand_in)
+    if len(kept_kv) < heads.num_heads // groups:
+        shrink_rows(module, family.k, heads.rows(kept_kv), stand_in)
 
 
 def _base_function(module: nn.Module, base: str):
@@ -267,13 +340,22 @@ def papa_attention_forward(
             "PAPA constant heads need the batch's slots: call the PAPA model itself (model(...) or "
             "model.forward(...)), or pass papa_slots=model.papa_slots(input_ids, attention_mask)"
         )
-    h = heads.num_heads
+    if kwargs.get("cu_seq_lens_q") is not None:
+        raise ValueError(
+            "PAPA constant heads need padded batches: packed sequences (cu_seq_lens) give no per-example slots; "
+            "pass a padded batch with its attention_mask"
+        )
     kept_out = kept_w = None
     if heads.kept:
-        v_kept = value if heads.mixed else select_heads(value, heads.kept, h)
+        if getattr(module, "papa_zero_qk", False):  # fused Q/K: zeros stand for the constant heads, kept first
+            query, key = query[:, : len(heads.kept)], key[:, : len(heads.kept)]  # (B, Hk, N, d)
+        if hasattr(module, "papa_key"):  # grouped-query attention, run as multi-head over the kept heads
+            key = key.index_select(1, torch.tensor(module.papa_key, device=key.device))  # (B, Hk, N, d)
+        v_kept = value if heads.mixed else _value_heads(module, value, heads.kept)  # (B, Hk, N, d)
         kept_out, kept_w = base(module, query, key, v_kept, attention_mask, dropout=dropout, **kwargs)  # (B, N, Hk, d)
-    v_const = value if heads.mixed else select_heads(value, heads.const, h)  # (B, Hc, N, d)
-    const_ctx, const_p = constant_attention(constants_of(module), papa_slots, v_const, dropout)
+    v_const = _value_heads(module, value, heads.const)  # (B, Hc, N, d)
+    window = getattr(module, "papa_window", None)
+    const_ctx, const_p = constant_attention(constants_of(module), papa_slots, v_const, dropout, window=window)
     const_out = const_ctx.transpose(1, 2)  # (B, N, Hc, d)
 
     logits = module.papa_lambda_logits if heads.mixed else None
@@ -284,6 +366,17 @@ def papa_attention_forward(
         b, n = papa_slots.shape
         kept_w = const_p.new_full((b, len(heads.kept), n, n), float("nan"))
     return out, combine_heads(kept_w, const_p, heads, dim=1, lambda_logits=logits)  # (B, H, N, N)
+
+
+def _value_heads(module: nn.Module, value: torch.Tensor, heads: Sequence[int]) -> torch.Tensor:
+    """(B, len(heads), N, d) value vectors of query heads ``heads`` (their groups' value heads under GQA)."""
+    kv = getattr(module, "papa_kv", None)
+    if kv is not None:
+        return value.index_select(1, torch.tensor([kv[h] for h in heads], device=value.device))
+    h = module.papa_heads.num_heads
+    if value.shape[1] != h:  # GQA with nothing shrunk (lambda training): each query head reads its group's
+        value = value.repeat_interleave(h // value.shape[1], dim=1)  # (B, H, N, d)
+    return select_heads(value, heads, h)
 
 
 def papa_mask_function(base: str):

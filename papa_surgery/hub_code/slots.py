@@ -6,6 +6,10 @@ L/2+1) with the second segment right after, and the last real token (the final s
 Inputs are never padded to L: each real token gets a slot index and a constant head reads
 ``C[slot_i, slot_j]`` for the example's real tokens only.
 
+A local (sliding-window) layer passes its half window w to :func:`constant_attention`: slots are not
+distances (a pair's second segment starts at L/2, the final token sits at L-1), so the window is applied
+on the batch's token positions when the constant is used, never baked into C (papa_attention.py).
+
 Everything here is pure tensor arithmetic with no data-dependent Python branch, so a model that uses it
 traces (``torch.export``, ONNX dynamo export, ``torch.compile(fullgraph=True)``). The one check on the
 data, "does the input fit in L slots", is a ``ValueError`` in eager mode and a runtime assertion in a
@@ -128,7 +132,13 @@ def _check_fits(n_real: torch.Tensor, first_mid: torch.Tensor, is_pair: torch.Te
     )
 
 
-def _probs(constants: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+def window_mask(n: int, window: int, device=None) -> torch.Tensor:
+    """(N, N) bool: token j lies within distance ``window`` of token i (a local layer's sliding window)."""
+    i = torch.arange(n, device=device)
+    return (i[:, None] - i[None, :]).abs() <= window
+
+
+def _probs(constants: torch.Tensor, slots: torch.Tensor, window: int | None = None) -> torch.Tensor:
     """(Hc, B, N, N) float32 masked, row-normalised constants (see :func:`constant_probs`)."""
     hc, length = constants.shape[0], constants.shape[-1]
     # A zero row and column at index L stand for padding, so one gather also applies the mask.
@@ -136,6 +146,10 @@ def _probs(constants: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
     s = torch.where(slots >= 0, slots, torch.full_like(slots, length))  # (B, N)
     cells = s[:, :, None] * (length + 1) + s[:, None, :]  # (B, N, N) into the flat (L+1)^2 grid
     p = padded.reshape(hc, -1)[:, cells]  # (Hc, B, N, N)
+    if window is not None:
+        # Local layer: token positions, not slots, decide the window (real tokens are contiguous on either
+        # padding side, so padded-index distance is the real distance, as in the model's own mask).
+        p = p * window_mask(p.shape[-1], window, p.device)
     # Division by a clamped denominator keeps empty rows at 0 without a data-dependent branch.
     return p / p.sum(-1, keepdim=True).clamp_min(torch.finfo(p.dtype).tiny)
 
@@ -162,7 +176,11 @@ def _one_layout(slots: torch.Tensor) -> bool:
 
 
 def constant_attention(
-    constants: torch.Tensor, slots: torch.Tensor, value: torch.Tensor, dropout: float = 0.0
+    constants: torch.Tensor,
+    slots: torch.Tensor,
+    value: torch.Tensor,
+    dropout: float = 0.0,
+    window: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Context vectors of constant heads: ``dropout(rownorm(C[slots] * mask)) @ V``.
 
@@ -171,6 +189,7 @@ def constant_attention(
         slots: (B, N) slot of every token (``PAD_SLOT`` for padding).
         value: (B, Hc, N, d) value vectors of the constant heads.
         dropout: attention dropout probability (pass 0 in eval mode).
+        window: a local layer's half window w: the mask also drops tokens farther than w apart.
 
     Returns:
         context (B, Hc, N, d) and the probabilities used (B, Hc, N, N), after dropout.
@@ -179,11 +198,11 @@ def constant_attention(
     if dropout == 0 and _one_layout(slots):
         # One layout for the whole batch (equal lengths, the common eager case): a single (N, N) matrix per
         # head and one (N, N) @ (N, B*d) product, instead of B gathered copies.
-        p = _probs(constants, slots[:1])[:, 0].to(value.dtype)  # (Hc, N, N)
+        p = _probs(constants, slots[:1], window)[:, 0].to(value.dtype)  # (Hc, N, N)
         v = value.permute(1, 2, 0, 3).reshape(hc, n, b * d)  # (Hc, N, B*d)
         out = torch.matmul(p, v).view(hc, n, b, d).permute(2, 0, 1, 3)  # (B, Hc, N, d)
         return out, p.unsqueeze(0).expand(b, -1, -1, -1)
-    p = _probs(constants, slots).to(value.dtype)  # (Hc, B, N, N)
+    p = _probs(constants, slots, window).to(value.dtype)  # (Hc, B, N, N)
     if dropout > 0:
         p = torch.nn.functional.dropout(p, p=dropout, training=True)
     out = torch.matmul(p, value.transpose(0, 1)).transpose(0, 1)  # (B, Hc, N, d)

@@ -110,10 +110,26 @@ def _first_subtoken_labels(word_ids: list[int | None], tags: Sequence[int]) -> t
 
 
 def backbone_of(model: nn.Module) -> nn.Module:
-    """The encoder under any task head (``model.base_model``), in eval mode (no dropout; always run without grad)."""
+    """The encoder under any task head (``model.base_model``), in eval mode (no dropout; always run without grad).
+
+    A PAPA model computes its slots in its own forward, which its ``base_model`` under a task head does not:
+    for one, the encoder runs through ``papa_base_forward`` (``_PapaEncoder``).
+    """
     base = getattr(model, "base_model", model)
     base.eval()
+    if base is not model and hasattr(model, "papa_base_forward"):
+        return _PapaEncoder(model)
     return base
+
+
+class _PapaEncoder:
+    """A PAPA task-head model's encoder, called with the batch's slots (``papa_base_forward``)."""
+
+    def __init__(self, model: nn.Module):
+        self.model, self.config = model, model.config
+
+    def __call__(self, **inputs):
+        return self.model.papa_base_forward(**inputs)
 
 
 def pad_batch(enc: Encoded, index: Sequence[int], pad_id: int) -> dict[str, torch.Tensor]:
