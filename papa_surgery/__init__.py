@@ -24,6 +24,7 @@ __version__ = "0.1.0"
 _LAZY = {
     "load": "api",
     "calibrate": "api",
+    "distill": "distill",
     "rank": "api",
     "convert": "api",
     "save": "api",

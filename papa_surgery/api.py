@@ -104,6 +104,11 @@ def calibrate(
         heads, layers = num_heads_layers(model.config)
         source = source_name or getattr(model.config, "_name_or_path", None)
         return Constants.from_kind(kind, layers, heads, max_length, source_model=source)
+    if kind == "distilled":
+        raise ValueError(
+            "distilled constants are trained for the heads being made constant: calibrate the average, then "
+            "papa_surgery.distill(model, tokenizer, corpus, constants, heads)"
+        )
     if kind != "average" and kind not in ANALYSIS_KINDS:
         choices = ", ".join(("average", *ANALYSIS_KINDS, *DATA_FREE_KINDS))
         raise ValueError(f"unknown constant kind {kind!r}; choose one of {choices}")
@@ -187,6 +192,7 @@ def convert(
     dtype: str = "float32",
     trainable_constants: bool = False,
     source_name: str | None = None,
+    storage: str = "auto",
 ) -> nn.Module:
     """The PAPA model of ``model``: the first ``fraction`` of ``ranking``'s heads attend with ``constants``.
 
@@ -201,6 +207,8 @@ def convert(
         dtype: how the constants are stored: ``float32``, ``float16`` or ``bfloat16`` (or fp32/fp16/bf16).
         trainable_constants: give the constants gradients.
         source_name: the source's Hub id, for the provenance.
+        storage: ``"dense"``, ``"compact"`` or ``"auto"`` (dense up to L=128, compact above): see
+            :func:`papa_surgery.convert.convert`. The model computes with the compacted matrices.
 
     Returns:
         The PAPA model (``Papa<Class>``), in eval mode. ``model.papa_recipe`` holds what :func:`save` writes
@@ -231,6 +239,7 @@ def convert(
         dtype=dtype,
         trainable_constants=trainable_constants,
         source_name=source_name,
+        storage=storage,
     )
     papa.papa_recipe = build_recipe(papa, constants, ranking)
     return papa

@@ -27,6 +27,7 @@ from .accumulate import BatchCells, SlotAccumulator, SlotLayout
 from .architectures import get_family, num_heads_layers
 from .constants import Constants, model_fingerprint
 from .corpus import Corpus, load_corpus
+from .coverage import warn_coverage
 from .distributed import exchange, shared_failures, world_size
 from .distributed import rank as dist_rank
 from .encoding import encode, model_inputs
@@ -121,6 +122,7 @@ def calibrate(
     progress: bool = True,
     max_examples: int | None = None,
     source_name: str | None = None,
+    fill: bool = True,
 ) -> Constants:
     """Average every head's attention over an unlabelled corpus, in the slot layout.
 
@@ -137,9 +139,12 @@ def calibrate(
         progress: show a progress bar.
         max_examples: use at most this many examples of the corpus.
         source_name: the source's Hub id or path, recorded in the provenance.
+        fill: fill the cells no example reached from each head's measured profile (``Constants.fill``);
+            ``False`` keeps the raw averages (zeros there).
 
     Returns:
-        ``Constants`` of kind ``average`` with per-cell counts and per-head variance.
+        ``Constants`` of kind ``average`` with per-cell counts and per-head variance. When the corpus reaches
+        fewer than ``max_length`` slots a ``CoverageWarning`` says so, once, with the fix.
     """
     corpus = load_corpus(corpus, pairs=pairs, max_examples=max_examples)
     family = get_family(model)
@@ -177,7 +182,9 @@ def calibrate(
         raise ValueError(f"the corpus {corpus.description} gave no examples to calibrate on")
     values, counts, variance = acc.result()
     metadata = pass_metadata(model, corpus, acc.examples, batch_size, world, source_name)
-    return Constants(values, "average", max_length, pairs, counts, variance, metadata)
+    constants = Constants(values, "average", max_length, pairs, counts, variance, metadata)
+    warn_coverage(constants, stacklevel=4)  # past this function and torch.no_grad's wrapper
+    return constants.fill() if fill else constants
 
 
 class _Sink:

@@ -149,6 +149,7 @@ def render_card(
         calibrated_on=d["calibrated_on"] or "not recorded",
         corpus_text=corpus_text.replace("|", "\\|"),
         coverage_text=format_coverage(d["coverage"]).replace("|", "\\|") if d["coverage"] else "not recorded",
+        covered_text=covered_text(d["coverage"], int(d["max_length"])),
         constants_dtype=d["constants_dtype"],
         trainable_constants=d["trainable_constants"],
         format_version=d["format_version"],
@@ -173,6 +174,19 @@ def write_card(checkpoint_dir, results=None, command: str | None = None, **kwarg
     out = folder / "README.md"
     card.save(out)
     return out
+
+
+def covered_text(coverage, max_length: int) -> str:
+    """The card's "covered length" entry: how many slots the calibration corpus reached, and what that means."""
+    seen = coverage.get("slots_seen") if isinstance(coverage, dict) else None
+    if seen is None:
+        return "not recorded (data-free constants need no corpus)"
+    if seen >= max_length:
+        return f"{seen} of {max_length} slots: every constant was measured"
+    return (
+        f"{seen} of {max_length} slots: the corpus reached inputs of up to {seen} tokens; cells beyond were filled "
+        f"from each head's relative-offset profile and special-slot attention (not measured)"
+    )
 
 
 def _percent(fraction) -> str:

@@ -8,17 +8,19 @@ on stderr; the traceback with ``--verbose``), 2 bad usage.
 from __future__ import annotations
 
 import logging
-import shlex
 import sys
 
 import click
 
 from . import __version__
 from .cli_experiments import finetune, probe, progress_of, report
+from .command_line import command_line as _command_line
+from .command_line import show_user_warnings
 from .distributed import is_main_process, scale_out
 from .options import (
     CalibrationOptions,
     ConvertOptions,
+    DistillOptions,
     OptionError,
     PushOptions,
     RankOptions,
@@ -54,52 +56,6 @@ class PapaGroup(click.Group):
             sys.exit(1)
 
 
-PATH_OPTIONS = ("corpus", "constants", "ranking", "results", "out", "data_dir")
-LOCAL_MODEL = "<local model>"
-
-
-def _public_path(value: str) -> str:
-    """A local path as its last component (no home folders in recipes and cards); anything else unchanged."""
-    import os
-    from pathlib import Path
-
-    text = str(value)
-    if os.path.isabs(text) or text.startswith(("~", "./", "../")) or (os.sep in text and Path(text).exists()):
-        return Path(text.rstrip("/\\")).name or text
-    return text
-
-
-def _public_model(name: str) -> str:
-    """MODEL as the command line records it: itself, its Hub id for a local copy, or ``<local model>``."""
-    from pathlib import Path
-
-    if name in ("minilm", "embedded") or not (Path(name).expanduser().exists() or name.startswith(("/", ".", "~"))):
-        return name
-    from .sources import source_info
-
-    return source_info(name).get("hub_id") or LOCAL_MODEL
-
-
-def _command_line(ctx) -> str:
-    """The command as a user would retype it: arguments, then every option that differs from its default.
-
-    Local paths are not recorded: a local MODEL becomes its Hub id (or ``<local model>``), and path options
-    keep only their last component.
-    """
-    parts = ["papa-surgery", ctx.info_name]
-    for param in ctx.command.params:
-        value = ctx.params.get(param.name)
-        if isinstance(param, click.Argument):
-            parts.append(_public_model(str(value)) if param.name in ("model", "model_or_dir") else str(value))
-        elif value not in (None, False, ()) and value != param.default:
-            flag = max(param.opts, key=len)
-            values = value if isinstance(value, tuple) else (value,)
-            for v in values:
-                v = _public_path(v) if param.name in PATH_OPTIONS and isinstance(v, str) else v
-                parts.extend([flag] if v is True else [flag, str(v)])
-    return " ".join(shlex.quote(p) for p in parts)
-
-
 def _given(ctx, name: str) -> bool:
     """Whether option ``name`` was given by the user (command line or environment), not left at its default."""
     from click.core import ParameterSource
@@ -121,6 +77,8 @@ def _check_constants_options(ctx, constants_file: str | None) -> None:
             param_hint="'--max-length'",
         )
     for name in ("corpus", "pairs", "max_examples"):
+        if name != "pairs" and ctx.params.get("kind") == "distilled":
+            continue  # distilling the file's constants reads a corpus
         if _given(ctx, name):
             flag = "--" + name.replace("_", "-")
             raise click.BadParameter(
@@ -156,18 +114,28 @@ def main(ctx, quiet: bool, verbose: bool):
         import os
 
         os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    show_user_warnings(quiet)
 
 
 @main.command()
 @click.argument("model")
 @click_options(CalibrationOptions)
+@click.option(
+    "--kind",
+    type=click.Choice(("average", "distilled")),
+    default="average",
+    show_default=True,
+    help="average: the paper's averaged attention; distilled: then trained to match the source's hidden states "
+    "with every head constant.",
+)
+@click_options(DistillOptions)
 @click_options(RunOptions)
 @click.option("--out", required=True, type=click.Path(dir_okay=False), help="Output constants file (.safetensors).")
 @click.option("--overwrite", is_flag=True, help="Replace an existing constants file.")
 @click.pass_context
 @scale_out
-def calibrate(ctx, model, out, overwrite, **kwargs):
-    """Average every head's attention over an unlabelled corpus (paper 3.1)."""
+def calibrate(ctx, model, kind, out, overwrite, **kwargs):
+    """Average every head's attention over an unlabelled corpus (paper 3.1), or distil it (--kind distilled)."""
     from .pipeline import run_calibrate
 
     path = run_calibrate(
@@ -177,6 +145,8 @@ def calibrate(ctx, model, out, overwrite, **kwargs):
         out,
         progress=_progress(ctx),
         overwrite=overwrite,
+        kind=kind,
+        distill=from_kwargs(DistillOptions, kwargs),
     )
     click.echo(f"wrote {path}")
 
@@ -215,6 +185,7 @@ def rank(ctx, model, constants, out, overwrite, **kwargs):
 @click.argument("model")
 @click_options(ConvertOptions)
 @click_options(CalibrationOptions)
+@click_options(DistillOptions)
 @click_options(RankOptions)
 @click_options(RunOptions)
 @click.option("--push", "do_push", is_flag=True, help="Publish the checkpoint to the Hub after writing it.")
@@ -241,6 +212,7 @@ def convert(ctx, model, do_push, **kwargs):
         do_push=do_push,
         command=_command_line(ctx),
         progress=_progress(ctx),
+        distill=from_kwargs(DistillOptions, kwargs),
     )
     from .inspect_checkpoint import describe
 

@@ -42,6 +42,9 @@ def sweep_options(protocol: str):
         click.option("--lr", type=float, help=f"Override the task's {protocol} learning rate."),
         click.option("--batch-size", type=click.IntRange(min=1), help=f"Override the task's {protocol} batch size."),
         click.option("--device", help="Device (cpu, cuda...)."),
+        click.option(
+            "--distill-steps", type=click.IntRange(min=1), help="Step budget of the distilled kind (default 200)."
+        ),
         click.option("--out", required=True, type=click.Path(dir_okay=False), help="Results file (JSONL, appended)."),
         click.pass_context,
     ]
@@ -64,6 +67,8 @@ def _sweep_config(model_or_dir, tasks, fractions, kinds, methods, options: dict)
         raise click.BadParameter(f"{fractions!r}: {err}", param_hint="'--fractions'") from None
     options = {k: v for k, v in options.items() if v is not None}
     seeds = tuple(range(options.pop("seeds")))
+    if "distill_steps" in options:
+        options["distill_options"] = {"steps": options.pop("distill_steps")}
     label = EMBEDDED_HUB_ID if model_or_dir in ("minilm", "embedded") else model_or_dir
     return SweepConfig(
         model=resolve_model(model_or_dir),

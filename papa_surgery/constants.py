@@ -20,7 +20,9 @@ from . import __version__
 
 DATA_FREE_KINDS = ("identity", "toeplitz", "zeros", "uniform")
 ANALYSIS_KINDS = ("norm-average", "effective-average")  # papa_surgery.analysis.analysis_constants
-KINDS = ("average", *ANALYSIS_KINDS, *DATA_FREE_KINDS)
+TRAINED_KINDS = ("distilled",)  # papa_surgery.distill.distill, starting from the average
+KINDS = ("average", *TRAINED_KINDS, *ANALYSIS_KINDS, *DATA_FREE_KINDS)
+LABELED_KINDS = ("labeled-average", "labeled-toeplitz")  # probe sweeps only: trained with the probe (labeled.py)
 
 
 def _kind_matrix(kind: str, max_length: int) -> torch.Tensor:
@@ -99,11 +101,33 @@ class Constants:
         """(L,) how many examples had a real token in each slot."""
         return None if self.counts is None else self.counts.diagonal().clone()
 
+    @property
+    def filled_cells(self) -> torch.Tensor | None:
+        """(L, L) bool: cells no calibration example reached, whose values :meth:`fill` estimated."""
+        return None if self.counts is None or not self.metadata.get("filled") else self.counts == 0
+
+    def fill(self) -> Constants:
+        """These constants with every cell no example reached filled from the measured head
+        (``papa_surgery.coverage.fill_uncovered``); data-free kinds, fully covered grids and constants already
+        filled are returned as is.
+        """
+        from .coverage import FILL_METHOD, fill_uncovered
+
+        if self.counts is None or self.metadata.get("filled") or bool((self.counts > 0).all()):
+            return self  # filled once: later changes (distillation) to filled cells are kept
+        values = fill_uncovered(self.values, self.counts, self.pairs)
+        metadata = {**self.metadata, "filled": FILL_METHOD}
+        out = Constants(values, self.kind, self.max_length, self.pairs, self.counts, self.variance, metadata)
+        out._coverage_warned = getattr(self, "_coverage_warned", False)  # the same corpus: warn once
+        return out
+
     @classmethod
     def from_kind(cls, kind: str, num_layers: int, num_heads: int, max_length: int, **metadata) -> Constants:
         """Data-free constants of one kind for every layer and head."""
         if kind in ANALYSIS_KINDS:
             raise ValueError(f"{kind!r} constants come from papa_surgery.analysis.analysis_constants() on a corpus")
+        if kind in TRAINED_KINDS:
+            raise ValueError(f"{kind!r} constants come from papa_surgery.distill.distill() on a corpus")
         if kind == "average":
             raise ValueError(
                 "'average' constants come from calibrate(); data-free kinds: " + ", ".join(DATA_FREE_KINDS)
@@ -240,6 +264,7 @@ class Constants:
                 "slots_total": self.max_length,
                 "min_examples_per_seen_slot": int(cov[cov > 0].min()) if seen else 0,
                 "examples_at_slot_0": int(cov[0]),
+                "filled_cells": int((self.counts == 0).sum()),  # no example reached them; convert fills them
             }
         return out
 

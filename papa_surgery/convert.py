@@ -15,7 +15,10 @@ import torch
 
 from . import __version__
 from .architectures import get_family, is_papa_config, num_heads_layers
+from .compact import compact_parts, layout_for
 from .constants import Constants
+from .coverage import warn_coverage
+from .hub_code.compact_constants import COMPACT_PARTS, CompactLayout
 from .hub_code.configuration_papa import PAPA_FIELDS, PAPA_FORMAT_VERSION, papa_config_class
 from .hub_code.modeling_papa import attention_modules, heads_by_layer, papa_model_class
 from .loading import public_name, resolve_dtype
@@ -75,6 +78,7 @@ def build_papa_model(source, config, constants: dict[int, torch.Tensor] | None =
         source: the source model (never changed), of the auto class the PAPA model should have.
         config: its PAPA config (:func:`papa_config`).
         constants: ``{layer: (Hc, L, L)}`` for each layer's constant heads, in head order; zeros if absent.
+            A config with a compact layout stores them as compact parts (``papa_surgery.compact``).
         unused: prefixes of weights the caller never reads (the encoder's pooler in a lambda model), zeros
             where the source lacks them (RoBERTa-style task heads build their encoder without a pooler).
 
@@ -92,12 +96,22 @@ def build_papa_model(source, config, constants: dict[int, torch.Tensor] | None =
         for local, (source_local, keep) in getattr(module, "papa_rows", {}).items()
     }
     source_state = source.state_dict()
+    compact = CompactLayout.from_config(config)
+    parts: dict[int, dict[str, torch.Tensor]] = {}  # layer -> compact parts, fitted once per layer
     state: dict[str, torch.Tensor] = {}
     for key, meta in skeleton.state_dict().items():
         prefix, _, local = key.rpartition(".")
-        if local == "papa_constants":
-            given = (constants or {}).get(layer_of[id(skeleton.get_submodule(prefix))])
-            state[key] = torch.zeros(meta.shape) if given is None else given
+        if local == "papa_constants" or local in COMPACT_PARTS:
+            layer = layer_of[id(skeleton.get_submodule(prefix))]
+            given = (constants or {}).get(layer)
+            if given is None:
+                state[key] = torch.zeros(meta.shape)
+            elif local == "papa_constants":
+                state[key] = given
+            else:
+                if layer not in parts:
+                    parts[layer] = compact_parts(given, compact, meta.dtype)
+                state[key] = parts[layer][local]
         elif local == "papa_lambda_logits":
             state[key] = torch.zeros(meta.shape)
         elif key in rows:
@@ -134,6 +148,9 @@ def convert(
     dtype: str = "float32",
     trainable_constants: bool = False,
     source_name: str | None = None,
+    storage: str = "auto",
+    compact_band: int | None = None,
+    compact_rank: int | None = None,
 ):
     """Make a PAPA model: the listed heads attend with constant matrices, the rest is the source.
 
@@ -146,6 +163,10 @@ def convert(
         dtype: storage dtype of the constants: fp32 (default), fp16 or bf16.
         trainable_constants: give the constants gradients (the paper's "labeled" matrices).
         source_name: the source's Hub id, for provenance and the compatibility check.
+        storage: ``dense`` (L x L per head), ``compact`` (band, special slots, relative-offset profile and a
+            low-rank residual; ``papa_surgery.compact``) or ``auto`` (dense up to L=128, compact above). The
+            returned model already computes with the compacted matrices, exactly as the checkpoint will.
+        compact_band, compact_rank: the compact layout's band half-width and residual rank (defaults 16, 16).
 
     Returns:
         The PAPA model (``Papa<Class>``), in eval mode. Its query/key weights of constant heads are gone;
@@ -157,14 +178,25 @@ def convert(
     num_heads, num_layers = num_heads_layers(model.config)
     source = source_name or getattr(model.config, "_name_or_path", None) or None
     constants.check_compatible(model.config, source, model=model)
+    warn_coverage(constants)  # once per Constants: calibrate() has already warned about its own
+    constants = constants.fill()  # files written before filling existed still have empty cells
     heads = normalize_heads(heads, num_layers, num_heads)
     store = resolve_dtype(dtype)
+    layout = (
+        None
+        if trainable_constants
+        else layout_for(storage, constants.max_length, constants.pairs, compact_band, compact_rank)
+    )
+    if trainable_constants and storage == "compact":
+        raise ValueError("trainable constants are stored dense; drop storage='compact' or trainable_constants")
     config = papa_config(
         model.config,
         papa_max_length=constants.max_length,
         papa_constant_heads=heads,
         papa_sep_token_id=separator_id(tokenizer, model.config),
         papa_constants_dtype=str(store).replace("torch.", ""),
+        papa_compact_band=None if layout is None else layout.band,
+        papa_compact_rank=None if layout is None else layout.rank,
         papa_trainable_constants=bool(trainable_constants),
         papa_kind=kind or constants.kind,
         papa_method=method,
@@ -261,6 +293,9 @@ def build_recipe(model, constants: Constants, ranking=None, command: str | None 
         "fraction": config.papa_fraction,
         "max_length": config.papa_max_length,
         "constants_dtype": config.papa_constants_dtype,
+        "constants_storage": "dense"
+        if config.papa_compact_band is None
+        else {"band": config.papa_compact_band, "rank": config.papa_compact_rank},
         "constant_heads": config.papa_constant_heads,
         "num_heads_total": heads * layers,
         "coverage": constants.summary().get("coverage"),

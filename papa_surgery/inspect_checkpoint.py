@@ -95,14 +95,61 @@ def auto_class_for(architectures) -> str:
 
 
 def constants_header(folder: Path) -> dict[str, list[int]]:
-    """Shapes of the ``*papa_constants`` tensors in ``model.safetensors`` (header only)."""
+    """Shapes of the ``*papa_constants`` tensors in ``model.safetensors`` (header only).
+
+    Compact constants (``hub_code/compact_constants.py``) appear as the ``(Hc, L, L)`` matrices they rebuild,
+    under the same ``<module>.papa_constants`` name, when every part is there with the shape the config needs.
+    """
     path = Path(folder) / "model.safetensors"
     if not path.is_file():
         return {}
     from safetensors import safe_open
 
     with safe_open(str(path), framework="pt") as f:
-        return {k: list(f.get_slice(k).get_shape()) for k in f.keys() if k.endswith(CONSTANTS_SUFFIX)}
+        shapes = {k: list(f.get_slice(k).get_shape()) for k in f.keys() if CONSTANTS_SUFFIX in k.rpartition(".")[2]}
+    out = {k: v for k, v in shapes.items() if k.endswith(CONSTANTS_SUFFIX)}
+    layout = _compact_layout(folder)
+    for band in [k for k in shapes if k.endswith(".papa_constants_band")]:
+        prefix = band.removesuffix("_band")
+        heads = shapes[band][0]
+        expected = layout.shapes(heads).items() if layout is not None else ()
+        found = {n: shapes.get(prefix + n.removeprefix(CONSTANTS_SUFFIX)) for n, _ in expected}
+        if layout is not None and all(found[n] == list(s) for n, s in expected):
+            out[prefix] = [heads, layout.max_length, layout.max_length]
+        else:
+            out[prefix] = [heads, "compact parts that do not match the config"]
+    return out
+
+
+def _compact_layout(folder: Path):
+    from .hub_code.compact_constants import CompactLayout
+
+    class _Config:  # CompactLayout.from_config reads attributes
+        def __init__(self, d):
+            self.__dict__.update(d)
+
+    try:
+        return CompactLayout.from_config(_Config(read_config(folder)))
+    except (ValueError, TypeError):
+        return None
+
+
+def read_constants(folder: Path) -> dict[str, object]:
+    """``{<module>.papa_constants: (Hc, L, L) float32 tensor}`` of a checkpoint, compact parts rebuilt."""
+    from safetensors import safe_open
+
+    from .hub_code.compact_constants import COMPACT_PARTS, rebuild
+
+    layout = _compact_layout(folder)
+    out = {}
+    with safe_open(str(Path(folder) / "model.safetensors"), framework="pt") as f:
+        for name in constants_header(folder):
+            if name in f.keys():
+                out[name] = f.get_tensor(name).float()
+            elif layout is not None:
+                parts = {part: f.get_tensor(name + part.removeprefix(CONSTANTS_SUFFIX)) for part in COMPACT_PARTS}
+                out[name] = rebuild(parts, layout)
+    return out
 
 
 def hub_datasets(corpus: dict) -> list[str]:
@@ -175,6 +222,9 @@ def describe(folder) -> dict:
         "calibrated_on": config.get("papa_calibrated_on"),
         "sep_token_id": config.get("papa_sep_token_id"),
         "constants_dtype": config.get("papa_constants_dtype"),
+        "constants_storage": "dense"
+        if config.get("papa_compact_band") is None
+        else f"compact (band {config['papa_compact_band']}, rank {config.get('papa_compact_rank')})",
         "trainable_constants": bool(config.get("papa_trainable_constants")),
         "corpus": corpus,
         "datasets": hub_datasets(corpus),
@@ -297,6 +347,7 @@ def format_description(d: dict) -> str:
         f"  kind            {d['kind']}",
         f"  ranking         {d['method']}",
         f"  slots (L)       {d['max_length']}   calibrated on {d['calibrated_on']}   dtype {d['constants_dtype']}"
+        + f"   storage {d['constants_storage']}"
         + ("   trainable" if d["trainable_constants"] else ""),
     ]
     corpus = d["corpus"] or {}

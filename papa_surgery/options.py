@@ -15,7 +15,16 @@ from typing import Any
 import click
 
 DTYPE_CHOICES = ("fp32", "fp16", "bf16")
-KIND_CHOICES = ("average", "identity", "toeplitz", "zeros", "uniform", "norm-average", "effective-average")
+KIND_CHOICES = (
+    "average",
+    "distilled",
+    "identity",
+    "toeplitz",
+    "zeros",
+    "uniform",
+    "norm-average",
+    "effective-average",
+)
 METHOD_CHOICES = ("lambda", "reversed-lambda", "variance", "norm", "first-to-last", "last-to-first", "random")
 
 
@@ -88,6 +97,25 @@ class CalibrationOptions:
 
 
 @dataclass(frozen=True)
+class DistillOptions:
+    """How ``distilled`` constants are trained (label-free: the source's hidden states are the targets)."""
+
+    distill_steps: int = opt(
+        "Optimisation steps for --kind distilled (the step budget).", 200, type=click.IntRange(min=1)
+    )
+    distill_objective: str = opt(
+        "What --kind distilled matches: every layer's hidden states, or the last layer's only.",
+        "layers",
+        type=click.Choice(("layers", "last")),
+    )
+    distill_lr: float = opt("Learning rate (Adam, on log C) for --kind distilled.", 0.01, type=float)
+
+    def kwargs(self) -> dict:
+        """Keyword arguments for :func:`papa_surgery.distill.distill`."""
+        return {"steps": self.distill_steps, "objective": self.distill_objective, "lr": self.distill_lr}
+
+
+@dataclass(frozen=True)
 class RankOptions:
     """How heads are ordered for replacement (paper 3.2, 5.4)."""
 
@@ -111,6 +139,12 @@ class ConvertOptions:
     constants: str | None = opt("A constants file from `papa-surgery calibrate` (instead of calibrating).")
     kind: str = opt("Constant matrices to use.", "average", type=click.Choice(KIND_CHOICES))
     dtype: str = opt("Storage dtype of the constants.", "fp32", type=click.Choice(DTYPE_CHOICES))
+    storage: str = opt(
+        "How constants are stored: dense L x L matrices, or compact (band, special slots, relative-offset profile "
+        "and a rank-16 residual; what the model computes with, exactly). auto: dense up to L=128, compact above.",
+        "auto",
+        type=click.Choice(("auto", "dense", "compact")),
+    )
     trainable_constants: bool = opt(
         "Let fine-tuning update the constants (the paper's labeled matrices).", False, is_flag=True
     )

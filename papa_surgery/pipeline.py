@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 
 from .distributed import agree, is_main_process, on_main, world_size
-from .options import CalibrationOptions, ConvertOptions, PushOptions, RankOptions, RunOptions
+from .options import CalibrationOptions, ConvertOptions, DistillOptions, PushOptions, RankOptions, RunOptions
 from .preflight import (
     check_max_length,
     check_output_file,
@@ -89,7 +89,7 @@ def obtain_constants(
 
     corpus = corpus if corpus is not None else open_corpus(cal)
     return corpus_constants(
-        kind,
+        "average" if kind == "distilled" else kind,  # distillation starts from the average
         model,
         tokenizer,
         corpus,
@@ -152,6 +152,7 @@ def run_convert(
     do_push: bool = False,
     command: str | None = None,
     progress: bool = True,
+    distill: DistillOptions | None = None,
 ) -> Path:
     """``papa-surgery convert``: the whole job; returns the checkpoint folder.
 
@@ -199,6 +200,9 @@ def run_convert(
         constants = obtain_constants(model, tokenizer, source, cal, run, conv.kind, None, progress, corpus=corpus)
     ranking = ranking_file or obtain_ranking(model, tokenizer, rank, constants, run, source, cal, progress)
     heads = ranking.select(conv.fraction)
+    if conv.kind == "distilled":
+        corpus = corpus if corpus is not None else open_corpus(cal)
+        constants = distil_constants(model, tokenizer, corpus, constants, heads, distill, run, progress)
     papa = convert(
         model,
         constants,
@@ -208,6 +212,7 @@ def run_convert(
         method=ranking.method,
         fraction=conv.fraction,
         dtype=conv.dtype,
+        storage=conv.storage,
         trainable_constants=conv.trainable_constants,
         source_name=source,
     )
@@ -226,7 +231,14 @@ def run_convert(
 
 
 def run_calibrate(
-    model_name: str, cal: CalibrationOptions, run: RunOptions, out: str, progress=True, overwrite: bool = False
+    model_name: str,
+    cal: CalibrationOptions,
+    run: RunOptions,
+    out: str,
+    progress=True,
+    overwrite: bool = False,
+    kind: str = "average",
+    distill: DistillOptions | None = None,
 ) -> Path:
     """``papa-surgery calibrate``: write a constants file (an existing one only with ``overwrite``)."""
     from .loading import load_config
@@ -241,8 +253,30 @@ def run_calibrate(
     model, tokenizer = load_model(model_name, run)
     check_pairs_fit(tokenizer, cal.max_length, cal.pairs)
     constants = obtain_constants(model, tokenizer, source, cal, run, progress=progress, corpus=corpus)
+    if kind == "distilled":  # every head constant: the constants of an attention-free model
+        every = [[layer, head] for layer in range(constants.num_layers) for head in range(constants.num_heads)]
+        constants = distil_constants(model, tokenizer, corpus, constants, every, distill, run, progress)
     on_main(constants.save, out, overwrite=overwrite)  # under torchrun / accelerate launch: rank 0 writes
     return out
+
+
+def distil_constants(model, tokenizer, corpus, constants, heads, options: DistillOptions | None, run, progress):
+    """``distilled`` constants for ``heads``, trained from ``constants`` on ``corpus`` (``papa_surgery.distill``)."""
+    from .distill import distill
+
+    options = options or DistillOptions()
+    return distill(
+        model,
+        tokenizer,
+        corpus,
+        constants,
+        heads,
+        batch_size=run.batch_size,
+        seed=run.seed,
+        device=run.device,
+        progress=progress,
+        **options.kwargs(),
+    )
 
 
 def run_rank(

@@ -81,7 +81,7 @@ def needs_corpus(kind: str, constants_file, rank: RankOptions | None) -> bool:
     from .constants import DATA_FREE_KINDS
 
     if constants_file:
-        return False
+        return kind == "distilled"  # distilling a file's constants reads the corpus
     if kind not in DATA_FREE_KINDS:
         return True
     method = None if rank is None or rank.ranking else (rank.method or ("lambda" if rank.task else "variance"))

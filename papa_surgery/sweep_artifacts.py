@@ -152,12 +152,36 @@ class SweepArtifacts:
             self.constants[key] = constants
         return self.constants[key]
 
+    def distilled(self, spec: str, task, length: int, heads):
+        """The calibrated average distilled for ``heads`` (``papa_surgery.distill``), once per heads and corpus."""
+        from .distill import distill
+
+        key = ("distilled", spec, task.name, length, tuple(map(tuple, heads)))
+        if key not in self.constants:
+            corpus, _ = self.open_corpus(spec, task)
+            self.constants[key] = distill(
+                self.model,
+                self.tokenizer,
+                corpus,
+                self.calibrated(spec, task, length),
+                heads,
+                batch_size=self.config.calibration_batch_size,
+                device=self.config.device,
+                progress=self.progress,
+                **self.config.distill_options,
+            )
+        return self.constants[key]
+
     def constants_for(self, kind: str, spec: str, task, length: int):
         from .architectures import num_heads_layers
         from .constants import Constants
 
+        if kind.startswith("labeled-"):  # the starting matrices; labeled.py trains them with the probe
+            kind = kind.removeprefix("labeled-")
         if kind in CORPUS_KINDS:
             return self.calibrated(spec, task, length, kind)
+        if kind == "distilled":  # the starting point; ``distilled`` trains it for a cell's heads
+            return self.calibrated(spec, task, length)
         heads, layers = num_heads_layers(self.model.config)
         return Constants.from_kind(kind, layers, heads, length, source_model=self.config.model_name)
 

@@ -50,6 +50,8 @@ class SweepConfig:
         cache_gb: memory budget for the probe's cached hidden states.
         save_artifacts: save constants and rankings in ``<results>.artifacts/`` (and reuse them on resume).
         rank_options: extra keyword arguments for ``ranking.lambda_rank`` training (lambda methods only).
+        distill_options: keyword arguments for ``distill.distill`` (``steps``, ``objective``, ``lr``) of the
+            ``distilled`` kind, which distils the calibrated average for each cell's constant heads.
         label: the model's name in the results (default ``model``; e.g. a Hub id for a local copy).
     """
 
@@ -74,6 +76,7 @@ class SweepConfig:
     cache_gb: float = 4.0
     save_artifacts: bool = True
     rank_options: dict = field(default_factory=dict, hash=False)
+    distill_options: dict = field(default_factory=dict, hash=False)
     label: str | None = None
 
     @property
@@ -93,7 +96,7 @@ class SweepConfig:
 
     def validate(self) -> None:
         """ValueError for any input the sweep cannot run (before anything is computed or written)."""
-        from .constants import KINDS
+        from .constants import KINDS, LABELED_KINDS
         from .probe.tasks import get_task
         from .ranking import check_fraction, check_method
 
@@ -109,8 +112,8 @@ class SweepConfig:
         if not seeds or any(s < 0 for s in seeds) or len(set(seeds)) != len(seeds):
             raise ValueError(f"seeds must be a positive count or distinct non-negative integers, got {self.seeds!r}")
         for kind in _as_tuple(self.kinds) or ("",):
-            if kind not in KINDS:
-                raise ValueError(f"unknown constant kind {kind!r}; choose one of {', '.join(KINDS)}")
+            if kind not in (*KINDS, *LABELED_KINDS):
+                raise ValueError(f"unknown constant kind {kind!r}; choose one of {', '.join((*KINDS, *LABELED_KINDS))}")
         for method in _as_tuple(self.methods) or ("",):
             check_method(method)
         for spec in self.corpora:
@@ -139,6 +142,11 @@ class SweepConfig:
             "batch_size": self.batch_size or task.batch_size,
             "dtype": self.dtype or "fp32",
             "rank_options": {k: self.rank_options[k] for k in sorted(self.rank_options)},
+            **(
+                {"distill_options": {k: self.distill_options[k] for k in sorted(self.distill_options)}}
+                if "distilled" in _as_tuple(self.kinds)
+                else {}
+            ),
         }
 
     def cells(self) -> list[Cell]:

@@ -63,7 +63,7 @@ def reference_average(model, tokenizer, examples, max_length, pairs=False):
 def test_calibration_equals_per_example_reference(minilm):
     model, tok = minilm
     examples = SENTENCES[:6]
-    c = calibrate(model, tok, examples, max_length=24, batch_size=4, progress=False)
+    c = calibrate(model, tok, examples, max_length=24, batch_size=4, progress=False, fill=False)
     ref, counts = reference_average(model, tok, examples, 24)
     assert torch.equal(c.counts, counts)
     assert torch.allclose(c.values, ref, atol=1e-6)
@@ -73,17 +73,18 @@ def test_calibration_equals_per_example_reference(minilm):
     assert cov[23] == len(examples)
     for k in range(23):
         assert cov[k] == sum(1 for n in lengths if n - 1 > k)
-    # Rows of unseen slots are all zero, seen rows carry mass.
+    # Without filling, rows of unseen slots are all zero and seen rows carry mass; filled, every row does.
     unseen = cov == 0
     assert unseen.any()
     assert (c.values[:, :, unseen] == 0).all()
     assert (c.values[:, :, ~unseen].sum(-1) > 0).all()
+    assert (c.fill().values.sum(-1) > 0).all()
 
 
 @pytest.mark.real
 def test_pairs_put_middle_separator_at_half(minilm):
     model, tok = minilm
-    c = calibrate(model, tok, PAIRS[:4], max_length=32, pairs=True, batch_size=2, progress=False)
+    c = calibrate(model, tok, PAIRS[:4], max_length=32, pairs=True, batch_size=2, progress=False, fill=False)
     assert c.pairs
     assert c.coverage[16] == 4  # the middle [SEP] of every pair
     assert c.coverage[31] == 4  # the final [SEP]

@@ -190,3 +190,34 @@ def test_cli_choices_match_the_library():
 
     assert set(KIND_CHOICES) == set(KINDS)
     assert set(METHOD_CHOICES) == set(METHODS)
+
+
+def test_short_corpus_warns_once_on_the_command_line(runner, source, corpus, tmp_path):
+    args = ["convert", source, "--fraction", 1, "--corpus", corpus, "--max-length", 64, "--out", tmp_path / "c"]
+    result = runner.invoke(main, [str(a) for a in args])
+    assert result.exit_code == 0, result.output
+    lines = [line for line in result.stderr.splitlines() if line.startswith("warning: the calibration corpus")]
+    assert len(lines) == 1 and "covers only 8 of the 64 slots" in lines[0] and "--max-length" in lines[0]
+    quiet = runner.invoke(main, ["-q", *map(str, args[:-1]), str(tmp_path / "q")])
+    assert quiet.exit_code == 0 and "warning:" not in quiet.stderr
+
+
+def test_distilled_kind_on_the_command_line(runner, source, corpus, tmp_path):
+    consts = tmp_path / "d.safetensors"
+    result = invoke(
+        runner, "calibrate", source, "--corpus", corpus, "--max-length", 16, "--kind", "distilled",
+        "--distill-steps", 2, "--out", consts,
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    made = Constants.load(consts)
+    assert made.kind == "distilled" and made.metadata["distilled"]["steps"] == 2
+    assert len(made.metadata["distilled"]["heads"]) == 8  # calibrate distils for an attention-free model
+    out = tmp_path / "ckpt"
+    result = invoke(
+        runner, "convert", source, "--fraction", 0.5, "--kind", "distilled", "--corpus", corpus, "--max-length", 16,
+        "--distill-steps", 2, "--out", out,
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    config = json.loads((out / "config.json").read_text())
+    assert config["papa_kind"] == "distilled" and len(config["papa_constant_heads"]) == 4
+    assert "--distill-steps 2" in json.loads((out / "papa_recipe.json").read_text())["command"]

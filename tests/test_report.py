@@ -77,9 +77,10 @@ def test_tables_have_the_papers_shape():
             rows.append(_row(task, 1.0, seed, orig - 0.06, corpus="task:mnli"))
     kinds = table_kinds(rows).splitlines()
     assert kinds[0].startswith("| kind | sst2 (accuracy) | cola (accuracy) |")
-    assert [line.split("|")[1].strip() for line in kinds[2:]] == ["original (fraction 0)", "average", "identity"]
+    # The paper's Table 1 order (identity ... average), whatever order the rows came in.
+    assert [line.split("|")[1].strip() for line in kinds[2:]] == ["original (fraction 0)", "identity", "average"]
     ci = t_critical(1) * statistics.stdev([0.85, 0.84]) / math.sqrt(2)
-    assert f"0.845 ± {ci:.3f}" in kinds[3]
+    assert f"0.845 ± {ci:.3f}" in kinds[4]
     corpora = table_corpora(rows).splitlines()
     assert [line.split("|")[1].strip() for line in corpora[2:]] == ["per-task", "mnli"]
     assert "0.840 ± 0.000" in corpora[3]
@@ -170,3 +171,36 @@ def test_bad_results_file(tmp_path):
     empty.write_text("")
     with pytest.raises(ValueError, match="no results"):
         write_report(empty, tmp_path / "out")
+
+
+def _contrast(image, matrix) -> float:
+    """How much brighter, on the figure's colour scale, the diagonal band is than the far cells (0 to 1)."""
+    import numpy as np
+
+    weights = np.asarray(image.get_array().filled(0.0))
+    shown = np.asarray(image.norm(np.where(weights > 0, weights, np.nan)))
+    n = matrix.shape[0]
+    offset = np.abs(np.arange(n)[None, :] - np.arange(n)[:, None])
+    body = np.ones((n, n), dtype=bool)
+    body[:, 0] = False  # the [CLS] column is bright on any scale
+    return float(np.nanmean(shown[(offset <= 1) & body]) - np.nanmean(shown[(offset > 8) & body]))
+
+
+def test_constant_heat_maps_show_the_diagonal_bands(tmp_path):
+    """Averaged attention: a heavy [CLS] column and faint diagonal bands; the figure's scale must show the bands."""
+    import numpy as np
+    from matplotlib.colors import LogNorm, Normalize
+
+    from papa_surgery.report.figures import draw_constants
+
+    n = 32
+    offset = np.abs(np.arange(n)[None, :] - np.arange(n)[:, None])
+    matrix = 0.002 + 0.03 / (1.0 + offset) ** 2  # bands near the diagonal, a floor far away
+    matrix[:, 0] = 0.9  # most of every row's mass on [CLS]
+    fig = draw_constants([("(0, 0)", matrix)])
+    image = fig.axes[0].images[0]
+    assert isinstance(image.norm, LogNorm)
+    assert _contrast(image, matrix) > 0.3
+    # The test can fail: on the old linear scale the bands are nearly as dark as the far cells.
+    image.set_norm(Normalize(vmin=0.0, vmax=float(image.get_array().max())))
+    assert _contrast(image, matrix) < 0.05

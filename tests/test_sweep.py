@@ -7,6 +7,7 @@ import json
 import random
 
 import pytest
+import torch
 from metric_values import is_accuracy_of
 
 from papa_surgery.results import Cell, cell_key, read_rows
@@ -260,3 +261,55 @@ def test_lambda_methods_in_a_sweep(tiny_folder, data_dir, tmp_path):
 
     rankings = [Ranking.load(p) for p in sorted((tmp_path / "r.artifacts").glob("*.json"))]
     assert [(r.method, r.provenance["steps"]) for r in rankings] == [("lambda", 2)]  # reversed-lambda reads it back
+
+
+def test_distilled_kind_in_a_sweep_resumes_and_reports(tiny_folder, data_dir, tmp_path):
+    from papa_surgery.report import write_report
+
+    cfg = config(
+        tiny_folder("bert"), data_dir, fractions=(1.0,), seeds=1, kinds=("average", "distilled"),
+        distill_options={"steps": 3},
+    )  # fmt: skip
+    out = tmp_path / "r.jsonl"
+    rows = run_sweep(cfg, out, progress=False)
+    assert [(r["kind"], r["constant_heads"]) for r in rows] == [("average", 8), ("distilled", 8)]
+    assert rows[1]["calibration_examples"] == rows[0]["calibration_examples"]  # distilled from that average
+    assert rows[1]["options"]["distill_options"] == {"steps": 3}
+    assert run_sweep(cfg, out, progress=False) == rows  # resumed: nothing left to run
+    assert len(out.read_text().splitlines()) == 2
+    report = write_report(out, tmp_path / "report")[0].read_text()
+    assert "| distilled |" in report and "| average |" in report  # both kinds in the Table 1 style table
+
+
+def test_labeled_kinds_change_only_constants_and_probe_resume_and_report(tiny_folder, data_dir, tmp_path, monkeypatch):
+    """Paper Table 1 rows 4-5: constants trained with the probe; the backbone and the source stay untouched."""
+    import papa_surgery.labeled as labeled_module
+    from papa_surgery.report import write_report
+
+    trained = []
+    real = labeled_module.labeled_probe
+
+    def spy(model, *args, **kwargs):
+        before = {k: v.clone() for k, v in model.state_dict().items()}
+        result = real(model, *args, **kwargs)
+        after = model.state_dict()
+        changed = {k for k in before if not torch.equal(before[k], after[k])}
+        trained.append(changed)
+        return result
+
+    monkeypatch.setattr(labeled_module, "labeled_probe", spy)
+    kinds = ("identity", "toeplitz", "zeros", "labeled-toeplitz", "labeled-average", "average")
+    cfg = config(tiny_folder("bert"), data_dir, fractions=(0.0, 1.0), seeds=1, kinds=kinds)
+    out = tmp_path / "r.jsonl"
+    rows = run_sweep(cfg, out, progress=False)
+    assert {r["kind"] for r in rows if r["fraction"] == 1.0} == set(kinds)
+    assert len(trained) == 2 and all(
+        changed and all(k.endswith("papa_constants") for k in changed) for changed in trained
+    )
+    labeled = [r for r in rows if r["kind"].startswith("labeled-") and r["fraction"] == 1.0]
+    assert all(is_accuracy_of(r["score"], 16) and r["cached"] is False for r in labeled)
+    assert run_sweep(cfg, out, progress=False) == rows and len(trained) == 2  # resumed: nothing ran again
+    report = write_report(out, tmp_path / "report")[0].read_text()
+    table = report[report.index("## Constant kinds") :]
+    order = [table.index(f"| {k} |") for k in kinds]
+    assert order == sorted(order) and "original (fraction 0)" in table  # the paper's Table 1 rows, in its order

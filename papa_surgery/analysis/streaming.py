@@ -112,7 +112,7 @@ class AnalysisState:
             meta["clipped_negative_mass"] = (negative / total).tolist()
             values = values.clamp_min(0)
         meta["variance_of"] = "norm-weighted attention" if self.which == "norms" else "signed effective attention"
-        return Constants(values, kind, self.max_length, self.pairs, counts, variance, meta)
+        return Constants(values, kind, self.max_length, self.pairs, counts, variance, meta).fill()
 
 
 @torch.no_grad()

@@ -29,6 +29,8 @@ PAPA_FIELDS: dict[str, tuple[object, object]] = {
     "papa_constant_heads": (list | None, None),  # [[layer, head], ...] made constant
     "papa_sep_token_id": (int | None, None),  # separator that marks a pair's middle (None: no pairs)
     "papa_constants_dtype": (str, "float32"),  # storage dtype of the constants
+    "papa_compact_band": (int | None, None),  # compact constants: diagonals stored exactly (None: dense)
+    "papa_compact_rank": (int | None, None),  # compact constants: rank of the residual off the band
     "papa_trainable_constants": (bool, False),  # the paper's "labeled" matrices: constants get gradients
     "papa_lambda_mixing": (bool, False),  # lambda training: every head attends and has a constant (never saved)
     "papa_kind": (str | None, None),  # average, identity, toeplitz, zeros, uniform, ...

@@ -26,6 +26,7 @@ import torch
 from torch import nn
 from transformers import initialization as init
 
+from .compact_constants import COMPACT_PARTS, CompactLayout
 from .configuration_papa import papa_config_class
 from .families import FAMILIES, family_for
 from .overrides import attention_class, layer_class, slot_scope
@@ -74,6 +75,7 @@ def apply_papa(model: nn.Module) -> None:
     dtype = getattr(torch, config.papa_constants_dtype or "float32")
     trainable = bool(config.papa_trainable_constants)
     max_length = int(config.papa_max_length)
+    compact = CompactLayout.from_config(config)
 
     def heads(layer: int) -> PapaHeads:
         kept = list(range(num_heads)) if mixing else None
@@ -81,7 +83,7 @@ def apply_papa(model: nn.Module) -> None:
 
     if family.style == "interface":
         for layer, module in enumerate(attention_modules(model)):
-            setup_interface_attention(module, family, heads(layer), max_length, dtype, trainable)
+            setup_interface_attention(module, family, heads(layer), max_length, dtype, trainable, compact)
         return
     if family.layer_class is not None:  # checkpointed layers carry the slots into recomputation
         papa_layer = layer_class(family)
@@ -92,7 +94,7 @@ def apply_papa(model: nn.Module) -> None:
 
     def make_attention(old: nn.Module) -> nn.Module:
         new = _rebuilt(papa_attention, old, config)
-        new.papa_setup(heads(next(layers)), max_length, dtype, trainable)
+        new.papa_setup(heads(next(layers)), max_length, dtype, trainable, compact)
         return new
 
     _replace(model, getattr(family.transformers_module(), family.attention_class), make_attention)
@@ -117,7 +119,7 @@ class PapaModelMixin:
         super()._init_weights(module)
         # transformers' init functions skip tensors a checkpoint already filled (and meta tensors); a fresh
         # model's constant heads output zero until constants are set, and lambda starts at sigmoid(0) = 0.5.
-        for name in ("papa_constants", "papa_lambda_logits"):
+        for name in ("papa_constants", "papa_lambda_logits", *COMPACT_PARTS):
             tensor = getattr(module, name, None)
             if isinstance(tensor, torch.Tensor):
                 init.zeros_(tensor)

@@ -25,7 +25,10 @@ from contextvars import ContextVar
 import torch
 from torch import nn
 
-from .papa_attention import PapaHeads, add_constants, combine_heads, select_heads, shrink_linear, shrink_projections
+from .compact_constants import constants_of
+from .heads import PapaHeads, combine_heads, select_heads
+from .papa_attention import add_constants
+from .shrink import shrink_linear, shrink_projections
 from .slots import constant_attention
 
 _SLOTS: ContextVar[torch.Tensor | None] = ContextVar("papa_slots", default=None)
@@ -65,7 +68,7 @@ class _OverrideMixin:
         if heads.const:
             v_const = value if heads.mixed else select_heads(value, heads.const, h)
             drop = self.dropout.p if self.training else 0.0
-            const_ctx, const_p = constant_attention(self.papa_constants, current_slots(), v_const, drop)
+            const_ctx, const_p = constant_attention(constants_of(self), current_slots(), v_const, drop)
         logits = self.papa_lambda_logits if heads.mixed else None
         ctx = combine_heads(kept_ctx, const_ctx, heads, dim=1, lambda_logits=logits)  # (B, H, N, d)
         ctx = ctx.transpose(1, 2).reshape(b, n, h * d)
@@ -77,10 +80,10 @@ class _OverrideMixin:
 class MPNetAttentionMixin(_OverrideMixin):
     """MPNet: softmax in the module with a per-head relative position bias (kept heads' slice)."""
 
-    def papa_setup(self, heads: PapaHeads, max_length: int, dtype: torch.dtype, trainable: bool) -> None:
+    def papa_setup(self, heads: PapaHeads, max_length: int, dtype: torch.dtype, trainable: bool, compact=None) -> None:
         self.papa_heads, self.papa_rows = heads, {}
         shrink_projections(self, ("q", "k"), heads)
-        add_constants(self, heads, max_length, dtype, trainable)
+        add_constants(self, heads, max_length, dtype, trainable, compact)
 
     def forward(self, hidden_states, attention_mask=None, position_bias=None, output_attentions=False, **kwargs):
         heads = self.papa_heads
@@ -107,12 +110,12 @@ class MPNetAttentionMixin(_OverrideMixin):
 class DebertaV2AttentionMixin(_OverrideMixin):
     """DeBERTa v2/v3: disentangled attention; the parent's bias code runs on the kept heads only."""
 
-    def papa_setup(self, heads: PapaHeads, max_length: int, dtype: torch.dtype, trainable: bool) -> None:
+    def papa_setup(self, heads: PapaHeads, max_length: int, dtype: torch.dtype, trainable: bool, compact=None) -> None:
         self.papa_heads, self.papa_rows = heads, {}
         shrink_projections(self, ("query_proj", "key_proj", "pos_key_proj", "pos_query_proj"), heads)
         # The parent's methods size their per-head views with num_attention_heads: the kept heads.
         self.num_attention_heads = len(heads.kept)
-        add_constants(self, heads, max_length, dtype, trainable)
+        add_constants(self, heads, max_length, dtype, trainable, compact)
 
     def forward(
         self,
@@ -156,7 +159,7 @@ class DebertaAttentionMixin(_OverrideMixin):
     the kept heads' entries.
     """
 
-    def papa_setup(self, heads: PapaHeads, max_length: int, dtype: torch.dtype, trainable: bool) -> None:
+    def papa_setup(self, heads: PapaHeads, max_length: int, dtype: torch.dtype, trainable: bool, compact=None) -> None:
         if getattr(self, "head_logits_proj", None) is not None:
             raise ValueError("DeBERTa talking-head attention mixes heads, so single heads cannot be made constant")
         self.papa_heads, self.papa_rows = heads, {}
@@ -175,7 +178,7 @@ class DebertaAttentionMixin(_OverrideMixin):
             self.papa_rows["q_bias"] = ("q_bias", rows)
             shrink_projections(self, ("pos_proj", "pos_q_proj"), heads)
         self.num_attention_heads = len(heads.kept)
-        add_constants(self, heads, max_length, dtype, trainable)
+        add_constants(self, heads, max_length, dtype, trainable, compact)
 
     def forward(
         self,

@@ -37,11 +37,13 @@ from __future__ import annotations
 import functools
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 
 import torch
 from torch import nn
 
+from .compact_constants import add_compact_constants, constants_of
+from .heads import PapaHeads, combine_heads, select_heads
+from .shrink import no_heads, shrink_fused, shrink_grouped, shrink_projections
 from .slots import constant_attention
 
 PAPA_PREFIX = "papa_"
@@ -56,151 +58,19 @@ BASE_IMPLEMENTATIONS = (
 )
 
 
-@dataclass(frozen=True)
-class PapaHeads:
-    """Which heads of one layer keep query/key attention and which use a constant matrix.
-
-    Attributes:
-        layer: the layer index.
-        num_heads: heads of the layer (H).
-        head_dim: d.
-        kept: heads that keep their query/key (sorted).
-        const: heads with a constant matrix (sorted). A head in both sets mixes them (lambda training).
-    """
-
-    layer: int
-    num_heads: int
-    head_dim: int
-    kept: tuple[int, ...]
-    const: tuple[int, ...]
-    # Derived once here, read on every forward.
-    mixed: bool = field(init=False)  # lambda training: every head is kept and constant
-    order: tuple[int, ...] | None = field(init=False)  # puts cat([kept, const]) back in head order (None: in order)
-
-    def __post_init__(self):
-        object.__setattr__(self, "mixed", bool(set(self.kept) & set(self.const)))
-        position = {h: i for i, h in enumerate((*self.kept, *self.const))}
-        order = tuple(position[h] for h in range(self.num_heads))
-        object.__setattr__(self, "order", None if order == tuple(range(self.num_heads)) else order)
-
-    @classmethod
-    def build(cls, layer, num_heads, head_dim, constant_heads, kept_heads=None) -> PapaHeads:
-        const = tuple(sorted({int(h) for h in constant_heads}))
-        if kept_heads is None:
-            kept_heads = [h for h in range(num_heads) if h not in const]
-        kept = tuple(sorted({int(h) for h in kept_heads}))
-        bad = [h for h in (*const, *kept) if not 0 <= h < num_heads]
-        if bad:
-            raise ValueError(f"layer {layer} has {num_heads} heads; no head {bad[0]}")
-        heads = cls(int(layer), int(num_heads), int(head_dim), kept, const)
-        if heads.mixed and not kept == const == tuple(range(num_heads)):
-            raise ValueError(
-                f"layer {layer}: lambda mixing needs every head both kept and constant, got kept {list(kept)} "
-                f"and constant {list(const)}"
-            )
-        return heads
-
-    def rows(self, heads: Sequence[int]) -> list[int]:
-        """Rows of a (H*d, ...) per-head projection that belong to ``heads``."""
-        d = self.head_dim
-        return [r for h in heads for r in range(h * d, (h + 1) * d)]
-
-
-def select_heads(x: torch.Tensor, heads: Sequence[int], num_heads: int, dim: int = 1) -> torch.Tensor:
-    """Heads ``heads`` of a tensor with ``num_heads`` heads along ``dim``; a slice when they are contiguous."""
-    heads = list(heads)
-    if heads == list(range(num_heads)):
-        return x
-    if heads == list(range(heads[0], heads[-1] + 1)):
-        return x.narrow(dim, heads[0], len(heads))
-    return x.index_select(dim, torch.tensor(heads, device=x.device))
-
-
-def combine_heads(
-    kept: torch.Tensor | None,
-    const: torch.Tensor | None,
-    heads: PapaHeads,
-    dim: int,
-    lambda_logits: torch.Tensor | None = None,
-) -> torch.Tensor | None:
-    """Kept and constant heads' tensors (heads along ``dim``) as one tensor of every head.
-
-    Normally the two sets are disjoint and are put back in head order. In lambda training every head is in
-    both and the result is ``lambda * kept + (1 - lambda) * const`` per head, ``lambda = sigmoid(logits)``.
-    """
-    if kept is None or const is None:
-        return const if kept is None else kept
-    const = const.to(kept.dtype)
-    if heads.mixed:
-        shape = [1] * kept.dim()
-        shape[dim] = heads.num_heads
-        lam = torch.sigmoid(lambda_logits).to(kept.dtype).view(shape)  # 1 everywhere but the head dim
-        return lam * kept + (1 - lam) * const
-    merged = torch.cat([kept, const], dim=dim)
-    order = heads.order
-    return merged if order is None else merged.index_select(dim, torch.tensor(order, device=merged.device))
-
-
-def no_heads(hidden_states: torch.Tensor, head_dim: int) -> torch.Tensor:
-    """Stand-in query/key projection of a layer with no kept head: one zero head, no weights, no compute.
-
-    The family's forward still reshapes ``self.query(x)`` into heads; the PAPA attention function never
-    reads the result. The zeros are a stride-0 view of a scalar, so nothing is allocated.
-    """
-    return hidden_states.new_zeros(()).expand(*hidden_states.shape[:-1], head_dim)
-
-
-class PapaFusedQKV(nn.Module):
-    """A fused ``[Q; K; V]`` projection that computes only the kept heads' Q/K rows (and every V row).
-
-    Its output has the source's width and layout, ``[Q | K | V]`` of H heads each, so the family's forward
-    splits it unchanged; within the Q and K blocks the kept heads come first and the constant heads'
-    places hold zeros (never read: the attention function keeps the first Hk heads of Q and K).
-    """
-
-    def __init__(self, linear: nn.Linear, heads: PapaHeads):
-        super().__init__()
-        h, d = heads.num_heads, heads.head_dim
-        kept = heads.rows(heads.kept)
-        rows = [*kept, *(h * d + r for r in kept), *range(2 * h * d, 3 * h * d)]
-        self.rows = rows
-        self.kept_width = len(kept)  # Hk * d
-        self.const_width = (h - len(heads.kept)) * d  # Hc * d
-        self.proj = shrink_linear(linear, rows)
-
-    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        y = self.proj(hidden_states)  # (..., (2 Hk + H) d)
-        q, k, v = y.split([self.kept_width, self.kept_width, y.shape[-1] - 2 * self.kept_width], dim=-1)
-        zeros = y.new_zeros(()).expand(*y.shape[:-1], self.const_width)  # (..., Hc d), not allocated
-        return torch.cat([q, zeros, k, zeros, v], dim=-1)  # (..., 3 H d)
-
-
-def shrink_linear(linear: nn.Linear, rows: list[int]) -> nn.Linear:
-    """A Linear with only ``rows`` of ``linear``'s outputs (weights copied; none drawn from the RNG)."""
-    new = torch.nn.utils.skip_init(
-        nn.Linear,
-        linear.in_features,
-        len(rows),
-        bias=linear.bias is not None,
-        device=linear.weight.device,
-        dtype=linear.weight.dtype,
-    )
-    if linear.weight.device.type != "meta":
-        with torch.no_grad():
-            new.weight.copy_(linear.weight[rows])
-            if linear.bias is not None:
-                new.bias.copy_(linear.bias[rows])
-    return new
-
-
-def add_constants(module: nn.Module, heads: PapaHeads, max_length: int, dtype: torch.dtype, trainable: bool) -> None:
+def add_constants(
+    module: nn.Module, heads: PapaHeads, max_length: int, dtype: torch.dtype, trainable: bool, compact=None
+) -> None:
     """Give ``module`` its constant matrices (and lambda logits when mixing), on its own device.
 
     Frozen constants are a persistent buffer, so no optimizer or weight loading can make them trainable;
     the paper's "labeled" matrices (``papa_trainable_constants``) are a parameter under the same name.
+    With a ``compact`` layout the buffers are the compact parts (``compact_constants.py``) instead.
     """
     device = next(module.parameters()).device
-    if heads.const:
+    if heads.const and compact is not None:  # a CompactLayout: frozen parts (compact_constants.py)
+        add_compact_constants(module, len(heads.const), compact, dtype, device, trainable or heads.mixed)
+    elif heads.const:
         data = torch.zeros(len(heads.const), max_length, max_length, dtype=dtype, device=device)  # (Hc, L, L)
         if trainable:
             module.papa_constants = nn.Parameter(data)
@@ -211,34 +81,8 @@ def add_constants(module: nn.Module, heads: PapaHeads, max_length: int, dtype: t
         module.papa_lambda_logits = nn.Parameter(torch.zeros(heads.num_heads, dtype=torch.float32, device=device))
 
 
-def shrink_projections(module: nn.Module, names: Sequence[str], heads: PapaHeads, stand_in=None) -> None:
-    """Keep only the kept heads' rows of each per-head projection in ``names``, in place.
-
-    Absent projections (``None``) are skipped; with no kept head a projection becomes ``stand_in``. Which
-    source rows each shrunk weight keeps is recorded in ``module.papa_rows`` (``convert`` builds the
-    checkpoint's state dict from it). Nothing changes without constant heads, or in lambda training.
-    """
-    if not heads.const or heads.mixed:
-        return
-    for name in names:
-        shrink_rows(module, name, heads.rows(heads.kept), stand_in)
-
-
-def shrink_rows(module: nn.Module, name: str, rows: list[int], stand_in=None) -> None:
-    """Keep only ``rows`` of the projection ``module.<name>`` (``stand_in`` when none), recorded in ``papa_rows``."""
-    linear = getattr(module, name, None)
-    if linear is None:
-        return
-    delattr(module, name)
-    setattr(module, name, shrink_linear(linear, rows) if rows else stand_in)
-    if rows:
-        module.papa_rows[f"{name}.weight"] = (f"{name}.weight", rows)
-        if linear.bias is not None:
-            module.papa_rows[f"{name}.bias"] = (f"{name}.bias", rows)
-
-
 def setup_interface_attention(
-    module: nn.Module, family, heads: PapaHeads, max_length: int, dtype: torch.dtype, trainable: bool
+    module: nn.Module, family, heads: PapaHeads, max_length: int, dtype: torch.dtype, trainable: bool, compact=None
 ) -> None:
     """Turn one interface-family self-attention module into PAPA attention, in place.
 
@@ -253,45 +97,13 @@ def setup_interface_attention(
     if family.window_attr and getattr(module, "sliding_window", None) is not None:
         module.papa_window = int(getattr(module.config, family.window_attr))
     if family.fused_qkv:
-        _shrink_fused(module, family.q, heads)
+        shrink_fused(module, family.q, heads)
     elif family.kv_heads_attr:
-        _shrink_grouped(module, family, heads)
+        shrink_grouped(module, family, heads)
     else:
         stand_in = functools.partial(no_heads, head_dim=heads.head_dim)
         shrink_projections(module, (family.q, family.k), heads, stand_in)
-    add_constants(module, heads, max_length, dtype, trainable)
-
-
-def _shrink_fused(module: nn.Module, name: str, heads: PapaHeads) -> None:
-    """Replace a fused ``[Q; K; V]`` projection by :class:`PapaFusedQKV` when the layer has constant heads."""
-    if not heads.const or heads.mixed:
-        return
-    fused = PapaFusedQKV(getattr(module, name), heads)
-    setattr(module, name, fused)
-    module.papa_zero_qk = True  # the Q/K handed to the attention function carry zeros for the constant heads
-    module.papa_rows[f"{name}.proj.weight"] = (f"{name}.weight", fused.rows)
-    if fused.proj.bias is not None:
-        module.papa_rows[f"{name}.proj.bias"] = (f"{name}.bias", fused.rows)
-
-
-def _shrink_grouped(module: nn.Module, family, heads: PapaHeads) -> None:
-    """Grouped-query attention: shrink Q to the kept heads and K to the key heads a kept head reads.
-
-    ``papa_kv`` maps every query head to its value head, ``papa_key`` every kept head to its row in the
-    shrunk keys; with them the attention function runs the kept heads as multi-head attention
-    (``num_key_value_groups`` 1), since the kept heads of a group need not be a whole group.
-    """
-    if not heads.const or heads.mixed:
-        return
-    groups = heads.num_heads // int(getattr(module.config, family.kv_heads_attr))
-    kept_kv = sorted({h // groups for h in heads.kept})
-    module.papa_kv = tuple(h // groups for h in range(heads.num_heads))
-    module.papa_key = tuple(kept_kv.index(h // groups) for h in heads.kept)
-    module.num_key_value_groups = 1
-    stand_in = functools.partial(no_heads, head_dim=heads.head_dim)
-    shrink_projections(module, (family.q,), heads, stand_in)
-    if len(kept_kv) < heads.num_heads // groups:
-        shrink_rows(module, family.k, heads.rows(kept_kv), stand_in)
+    add_constants(module, heads, max_length, dtype, trainable, compact)
 
 
 def _base_function(module: nn.Module, base: str):
@@ -353,7 +165,7 @@ def papa_attention_forward(
         kept_out, kept_w = base(module, query, key, v_kept, attention_mask, dropout=dropout, **kwargs)  # (B, N, Hk, d)
     v_const = _value_heads(module, value, heads.const)  # (B, Hc, N, d)
     window = getattr(module, "papa_window", None)
-    const_ctx, const_p = constant_attention(module.papa_constants, papa_slots, v_const, dropout, window=window)
+    const_ctx, const_p = constant_attention(constants_of(module), papa_slots, v_const, dropout, window=window)
     const_out = const_ctx.transpose(1, 2)  # (B, N, Hc, d)
 
     logits = module.papa_lambda_logits if heads.mixed else None

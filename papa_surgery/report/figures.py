@@ -137,18 +137,48 @@ def plot_finetuned(rows, out_path) -> Path | None:
 
 
 def plot_constants(source, out_path, heads=None, max_heads: int = 3) -> Path:
-    """Fig. 4: heat maps of chosen constant matrices (rows: query slot, columns: key slot)."""
-    picked = constant_matrices(source, heads, max_heads)
+    """Fig. 4: heat maps of chosen constant matrices (rows: query slot, columns: key slot), on a log scale."""
     plt = _plt()
+    return _save(draw_constants(constant_matrices(source, heads, max_heads), plt), out_path, plt)
+
+
+def draw_constants(picked: list[tuple[str, object]], plt=None):
+    """The Fig. 4 figure of ``[(title, (L, L) array), ...]``: each matrix row-normalised (the weights a full-length
+    input uses) on a log colour scale (``constants_norm``), so the diagonal bands show next to the [CLS] column."""
+    import numpy as np
+
+    plt = plt or _plt()
     fig, axes = plt.subplots(1, len(picked), figsize=(3.4 * len(picked), 3.2), squeeze=False)
     for ax, (title, matrix) in zip(axes[0], picked, strict=True):
-        image = ax.imshow(matrix, cmap="viridis", interpolation="nearest")
+        matrix = np.asarray(matrix, dtype=np.float64)
+        rows = matrix.sum(-1, keepdims=True)
+        weights = np.divide(matrix, rows, out=np.zeros_like(matrix), where=rows > 0)
+        image = ax.imshow(
+            np.ma.masked_less_equal(weights, 0), cmap="viridis", norm=constants_norm(weights), interpolation="nearest"
+        )
         ax.set_title(f"(layer, head) = {title}", fontsize=9)
         ax.set_xlabel("key slot", fontsize=8)
         ax.set_ylabel("query slot", fontsize=8)
-        fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04)
+        fig.colorbar(image, ax=ax, fraction=0.046, pad=0.04, label="weight (log scale)")
     fig.tight_layout()
-    return _save(fig, out_path, plt)
+    return fig
+
+
+def constants_norm(weights, decades: float = 3.0):
+    """A log colour scale over the top ``decades`` orders of magnitude of ``weights``' positive values.
+
+    Averaged attention spans several orders of magnitude: on a linear scale only the [CLS] column shows, and
+    the diagonal bands (paper Fig. 4) sit in the dark end. Zeros (masked) and values below the range clip to it.
+    """
+    import numpy as np
+    from matplotlib.colors import LogNorm, Normalize
+
+    positive = np.asarray(weights)[np.asarray(weights) > 0]
+    if positive.size == 0:
+        return Normalize(vmin=0.0, vmax=1.0)
+    top = float(positive.max())
+    bottom = max(float(positive.min()), top * 10.0**-decades)
+    return LogNorm(vmin=bottom if bottom < top else top / 10.0, vmax=top, clip=True)
 
 
 def _short(model: str) -> str:

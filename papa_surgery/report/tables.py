@@ -46,6 +46,14 @@ def fraction_label(x: float) -> str:
     return str(f.numerator) if f.denominator == 1 else f"{f.numerator}/{f.denominator}"
 
 
+TABLE1_KINDS = ("identity", "toeplitz", "zeros", "labeled-toeplitz", "labeled-average", "average")  # paper order
+
+
+def table1_order(kinds: list[str]) -> list[str]:
+    """Kinds in the paper's Table 1 order (Identity ... Average), then any other kind as it first appeared."""
+    return [k for k in TABLE1_KINDS if k in kinds] + [k for k in kinds if k not in TABLE1_KINDS]
+
+
 def table_kinds(rows, fraction: float = 1.0, corpus: str | None = None) -> str:
     """Table-1-style markdown: constant kinds (rows) x tasks (columns) at ``fraction``, plus the original model.
 
@@ -57,7 +65,7 @@ def table_kinds(rows, fraction: float = 1.0, corpus: str | None = None) -> str:
     def build(summary):
         tasks = ordered(e["task"] for e in summary)
         spec = corpus or prefer((e["corpus"] for e in summary), ("task",))
-        kinds = ordered(e["kind"] for e in summary)
+        kinds = table1_order(ordered(e["kind"] for e in summary))
         body = [["original (fraction 0)", *[cell(pick(summary, task=t, fraction=0.0)) for t in tasks]]]
         for kind in kinds:
             cells = []

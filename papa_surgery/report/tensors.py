@@ -23,19 +23,18 @@ def constant_matrices(source, heads=None, max_heads: int = 3) -> list[tuple[str,
         path = Path(source)
         available = {}
         if path.is_dir():
-            from ..inspect_checkpoint import constants_header, read_config
+            from ..inspect_checkpoint import read_config, read_constants
 
             config = read_config(path)
             by_layer = defaultdict(list)
             for layer, head in config["papa_constant_heads"]:
                 by_layer[int(layer)].append(int(head))
-            with safe_open(str(path / "model.safetensors"), framework="pt") as f:
-                for key in constants_header(path):
-                    numbers = [int(p) for p in key.split(".") if p.isdigit()]
-                    layer = numbers[-1] if numbers else 0
-                    tensor = f.get_tensor(key).float().numpy()  # (Hc, L, L), heads sorted
-                    for i, head in enumerate(sorted(by_layer.get(layer, []))[: tensor.shape[0]]):
-                        available[(layer, head)] = tensor[i]
+            for key, tensor in read_constants(path).items():  # compact constants come rebuilt
+                numbers = [int(p) for p in key.split(".") if p.isdigit()]
+                layer = numbers[-1] if numbers else 0
+                tensor = tensor.numpy()  # (Hc, L, L), heads sorted
+                for i, head in enumerate(sorted(by_layer.get(layer, []))[: tensor.shape[0]]):
+                    available[(layer, head)] = tensor[i]
         elif path.is_file():
             with safe_open(str(path), framework="pt") as f:
                 meta = f.metadata() or {}

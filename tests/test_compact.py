@@ -1,0 +1,168 @@
+"""Compact constants: exact for structured matrices, what the model computes with, fresh-process round trips, size."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+import torch
+from test_checkpoint import LOADER, floor_python, fresh_python, model_inputs
+
+from papa_surgery.compact import compact_parts, compacted, layout_for
+from papa_surgery.constants import Constants
+from papa_surgery.convert import convert, save_checkpoint
+from papa_surgery.hub_code.compact_constants import CompactLayout, constants_of
+from papa_surgery.hub_code.modeling_papa import attention_modules
+from papa_surgery.inspect_checkpoint import describe
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+L = 48
+HEADS = [[0, 1], [0, 3], [1, 0], [1, 1], [1, 2], [1, 3]]  # layer 0 mixed, layer 1 attention-free
+
+
+def _random_constants(layers=2, heads=4, length=L, seed=0) -> Constants:
+    g = torch.Generator().manual_seed(seed)
+    return Constants(torch.rand(layers, heads, length, length, generator=g) + 0.01, "average", length)
+
+
+@pytest.mark.parametrize("kind", ["toeplitz", "identity", "uniform", "zeros"])
+def test_structured_kinds_compact_exactly(kind):
+    values = Constants.from_kind(kind, 1, 2, L).values[0]  # (2, L, L)
+    layout = layout_for("compact", L, pairs=False, band=2, rank=0)
+    assert torch.allclose(compacted(values, layout), values, atol=1e-6)
+
+
+def test_full_rank_is_exact_and_a_low_rank_is_not():
+    values = _random_constants().values[0]
+    exact = compacted(values, layout_for("compact", L, pairs=True, band=3, rank=L))
+    assert torch.allclose(exact, values, atol=1e-5)
+    lossy = compacted(values, layout_for("compact", L, pairs=True, band=3, rank=2))
+    assert not torch.allclose(lossy, values, atol=1e-2)
+    layout = layout_for("compact", L, pairs=True, band=3, rank=2)
+    kept = lossy[:, list(layout.special), :]  # special rows (and columns) and the band are stored exactly
+    assert torch.allclose(kept, values[:, list(layout.special), :], atol=1e-6)
+    assert torch.allclose(lossy.diagonal(dim1=-2, dim2=-1), values.diagonal(dim1=-2, dim2=-1), atol=1e-6)
+
+
+def test_auto_storage_is_dense_up_to_128_and_compact_above():
+    assert layout_for("auto", 128, False) is None and layout_for("dense", 512, False) is None
+    assert layout_for("auto", 512, True) == CompactLayout(512, 16, 16, (0, 256, 511))
+    with pytest.raises(ValueError, match="storage"):
+        layout_for("tiny", 512, False)
+    with pytest.raises(ValueError, match="band"):
+        layout_for("compact", 16, False, band=16)
+
+
+def test_the_model_computes_with_the_compacted_matrices(tiny):
+    model, tok = tiny.model("bert"), tiny.tokenizer("bert")
+    constants = _random_constants()
+    papa = convert(model, constants, HEADS, tokenizer=tok, storage="compact", compact_band=4, compact_rank=3)
+    dense = convert(model, constants, HEADS, tokenizer=tok, storage="dense")
+    layout = CompactLayout.from_config(papa.config)
+    assert (layout.band, layout.rank) == (4, 3) and dense.config.papa_compact_band is None
+    for layer, module in enumerate(attention_modules(papa)):
+        heads = sorted(h for lay, h in HEADS if lay == layer)
+        assert torch.equal(constants_of(module), compacted(constants.values[layer, heads], layout))
+    enc = tok(["the movie was good and fun", "a film"], padding=True, return_tensors="pt")
+    with torch.no_grad():
+        assert not torch.allclose(papa(**enc)[0], dense(**enc)[0], atol=1e-4)  # lossy here: random matrices
+    with pytest.raises(ValueError, match="trainable"):
+        convert(model, constants, HEADS, tokenizer=tok, storage="compact", trainable_constants=True)
+
+
+def _jobs(tiny, tmp_path):
+    jobs = []
+    for model_type in ("bert", "mpnet", "deberta-v2", "roberta"):
+        tok, src = tiny.tokenizer(model_type), tiny.model(model_type)
+        layers, heads = len(attention_modules(src)), 4
+        for dtype in ("fp32", "fp16"):
+            consts = _random_constants(layers, heads)
+            papa = convert(
+                src, consts, HEADS, tokenizer=tok, storage="compact", compact_band=4, compact_rank=3, dtype=dtype
+            )
+            name = f"{model_type}-{dtype}"
+            out = save_checkpoint(papa, tmp_path / name, tokenizer=tok, recipe={"test": True}, card=False)
+            assert describe(out)["problems"] == []
+            inputs = model_inputs("AutoModel", tok, papa)
+            with torch.no_grad():
+                expected = papa(**inputs)[0]
+            torch.save(inputs, tmp_path / f"{name}.in.pt")
+            torch.save(expected, tmp_path / f"{name}.out.pt")
+            jobs.append(
+                {
+                    "name": name,
+                    "auto": "AutoModel",
+                    "attn": papa.config._attn_implementation,
+                    "dir": str(out),
+                    "inputs": str(tmp_path / f"{name}.in.pt"),
+                    "expected": str(tmp_path / f"{name}.out.pt"),
+                }
+            )
+    (tmp_path / "jobs.json").write_text(json.dumps(jobs))
+    return jobs
+
+
+def test_compact_checkpoints_load_in_a_fresh_process_without_the_library(tiny, tmp_path):
+    jobs = _jobs(tiny, tmp_path)
+    result = fresh_python(LOADER, str(tmp_path / "jobs.json"), cwd=tmp_path, python=sys.executable)
+    assert "ALL-OK" in result.stdout, result.stdout + result.stderr[-4000:]
+    assert len([ln for ln in result.stdout.splitlines() if ln.count(" ") == 2]) == len(jobs)
+
+
+def test_compact_checkpoints_load_on_the_oldest_supported_transformers(tiny, tmp_path):
+    python = floor_python()
+    if python is None:
+        pytest.skip("no floor interpreter: scripts/test.sh makes .venv-floor (or set PAPA_FLOOR_PYTHON)")
+    _jobs(tiny, tmp_path)
+    result = fresh_python(LOADER, str(tmp_path / "jobs.json"), cwd=tmp_path, python=python)
+    assert "ALL-OK" in result.stdout, result.stdout + result.stderr[-4000:]
+
+
+def test_compact_checkpoint_is_much_smaller_inspects_and_plots(tiny, tmp_path):
+    from papa_surgery.report import plot_constants
+
+    model, tok = tiny.model("bert"), tiny.tokenizer("bert")
+    length = 256
+    constants = _random_constants(length=length)
+    every = [[layer, head] for layer in range(2) for head in range(4)]
+    sizes = {}
+    for storage in ("dense", "compact"):
+        papa = convert(model, constants, every, tokenizer=tok, storage=storage, fraction=1.0)
+        out = save_checkpoint(papa, tmp_path / storage, tokenizer=tok, recipe={"test": True})
+        sizes[storage] = (out / "model.safetensors").stat().st_size
+        d = describe(out)
+        assert d["problems"] == [] and all(s == [4, length, length] for s in d["constants"].values())
+    dense_constants = 8 * length * length * 4  # bytes of the dense fp32 matrices
+    # Default band 16 and rank 16 keep under a third of L*L values per head at L=256 (wide margin).
+    assert sizes["dense"] - sizes["compact"] > 0.6 * dense_constants
+    assert "compact (band 16, rank 16)" in describe(tmp_path / "compact")["constants_storage"]
+    assert (tmp_path / "compact" / "papa_constants.png").stat().st_size > 0
+    assert plot_constants(tmp_path / "compact", tmp_path / "fig.png").is_file()
+
+
+def test_compact_parts_have_the_declared_shapes():
+    layout = layout_for("compact", L, pairs=False, band=5, rank=7)
+    parts = compact_parts(_random_constants().values[1], layout, torch.float16)
+    assert {k: tuple(v.shape) for k, v in parts.items()} == layout.shapes(4)
+    assert all(v.dtype == torch.float16 for v in parts.values())
+
+
+@pytest.mark.parametrize("model_type", ["bert", "mpnet"])
+def test_compact_constants_export_with_dynamic_shapes(tiny, model_type):
+    """The rebuild is pure tensor arithmetic: torch.export traces it (interface and override families)."""
+    from conftest import PAIRS, SENTENCES
+    from test_clients import Encoder, batch
+
+    tok, src = tiny.tokenizer(model_type), tiny.model(model_type)
+    papa = convert(src, _random_constants(), HEADS, tokenizer=tok, storage="compact", compact_band=4, compact_rank=3)
+    model = Encoder(papa).eval()
+    first, second = batch(tok, SENTENCES[:2]), batch(tok, PAIRS, pairs=True)
+    b, n = torch.export.Dim("batch"), torch.export.Dim("length", max=L)
+    shapes = ({0: b, 1: n}, {0: b, 1: n})
+    program = torch.export.export(model, (first["input_ids"], first["attention_mask"]), dynamic_shapes=shapes)
+    got = program.module()(second["input_ids"], second["attention_mask"])
+    with torch.no_grad():
+        expected = model(second["input_ids"], second["attention_mask"])
+    assert float((got - expected).abs().max()) <= 1e-5
