@@ -62,8 +62,6 @@ class _Cells:
                     f"max_length={length} exceeds the model's max_position_embeddings={limit}; pass a smaller one"
                 )
             self.job.check_data(task)
-            if self.job.name != "probe" and any(k.startswith("labeled-") for k in cfg.kinds):
-                raise ValueError("labeled kinds train their constants with the probe: run them in `papa-surgery probe`")
             if not art.is_papa:
                 for spec in cfg.corpora:
                     if spec not in (TASK_CORPUS, DEFAULT_CORPUS) and not spec.startswith(TASK_CORPUS + ":"):
@@ -112,36 +110,13 @@ class _Cells:
                 trainable_constants=labeled,  # labeled kinds: trained with this cell's probe, never shared
             )
             self.current = None if labeled else (identity, model, self.job.shared_state())
-        if labeled:
-            scored = self.run_labeled(model, task, seed)
-        else:
+        state = None
+        if not labeled:
             _, model, state = self.current
-            scored = self.job.run(model, art.tokenizer, task, seed, art.progress, shared=state)
+        scored = self.job.run(model, art.tokenizer, task, seed, art.progress, shared=state, labeled=labeled)
         fields = {"constant_heads": len(heads), "num_heads_total": art.total_heads, "max_length": length, **scored}
         self.results[(identity, seed)] = (fields, {"kind": kind, "method": method, "corpus": spec})
         return {**fields, **corpus_info}
-
-    def run_labeled(self, model, task, seed: int) -> dict:
-        """A labeled kind's cell: the constants train jointly with the probe (paper Table 1, rows 4-5)."""
-        from .labeled import labeled_probe
-
-        cfg = self.art.config
-        result = labeled_probe(
-            model,
-            self.art.tokenizer,
-            task,
-            data_dir=cfg.data_dir,
-            seed=seed,
-            max_train_examples=cfg.max_train_examples,
-            max_eval_examples=cfg.max_eval_examples,
-            epochs=cfg.epochs,
-            batch_size=cfg.batch_size,
-            lr=cfg.lr,
-            device=cfg.device,
-            progress=self.art.progress,
-            cache_gb=cfg.cache_gb,
-        )
-        return {k: result.get(k) for k in self.job.fields if k in result}
 
     def run_checkpoint_cell(self, cell: Cell, task) -> dict:
         """Score a PAPA checkpoint as it is (its heads, constants and layout are fixed)."""

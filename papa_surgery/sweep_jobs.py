@@ -34,7 +34,8 @@ class ProbeJob:
         self.config = config
 
     def check_data(self, task) -> None:
-        """Read the splits the job uses now, so a missing file fails before any line is written."""
+        """Read the splits the job uses now, so a missing file fails before any line is written (every kind,
+        the labeled ones included, probes)."""
         cfg = self.config
         task_split(task, "eval", cfg.data_dir, cfg.max_eval_examples)
         if task.kind != "mlm":
@@ -50,15 +51,14 @@ class ProbeJob:
 
         return FeatureCache()
 
-    def run(self, model, tokenizer, task, seed: int, progress: bool, shared=None) -> dict:
-        """The probe's result fields for one cell."""
+    def run(self, model, tokenizer, task, seed: int, progress: bool, shared=None, labeled: bool = False) -> dict:
+        """The probe's result fields for one cell; ``labeled``: the model's trainable constants train jointly
+        with the probe (the labeled kinds, paper Table 1 rows 4-5), which no other cell may share."""
+        from .labeled import labeled_probe
         from .probe import probe
 
         cfg = self.config
-        result = probe(
-            model,
-            tokenizer,
-            task,
+        options = dict(
             data_dir=cfg.data_dir,
             seed=seed,
             max_train_examples=cfg.max_train_examples,
@@ -69,6 +69,9 @@ class ProbeJob:
             device=cfg.device,
             progress=progress,
             cache_gb=cfg.cache_gb,
-            reuse=shared,
         )
+        if labeled:
+            result = labeled_probe(model, tokenizer, task, **options)
+        else:
+            result = probe(model, tokenizer, task, reuse=shared, **options)
         return {k: result.get(k) for k in self.fields if k in result}

@@ -78,6 +78,13 @@ def test_finetune_sweep_writes_score_and_cost_rows_resumes_and_repeats(tiny_fold
             assert first[name] == second[name], name
 
 
+def test_labeled_kinds_are_refused_before_a_line_is_written(tiny_folder, data_dir, tmp_path):
+    cfg = config(tiny_folder("bert"), data_dir, fractions=(1.0,), seeds=1, epochs=1, kinds=("labeled-average",))
+    with pytest.raises(ValueError, match="labeled kinds train their constants with the probe"):
+        sweep(cfg, tmp_path / "labeled.jsonl")
+    assert not read_rows(tmp_path / "labeled.jsonl")
+
+
 def test_resuming_with_other_hyperparameters_is_refused(tiny_folder, data_dir, tmp_path):
     cfg = config(tiny_folder("bert"), data_dir, fractions=(0.0,), seeds=1, epochs=1)
     out = tmp_path / "r.jsonl"

@@ -43,7 +43,10 @@ class FinetuneJob:
         self.options.validate()
 
     def check_data(self, task) -> None:
-        """Read both splits now (and refuse ``mlm``), so a bad input fails before any line is written."""
+        """Read both splits now (and refuse ``mlm`` and the labeled kinds), so a bad input fails before any line
+        is written."""
+        if any(kind.startswith("labeled-") for kind in self.config.kinds):
+            raise ValueError("labeled kinds train their constants with the probe: run them in `papa-surgery probe`")
         if task.kind == "mlm":
             raise ValueError("task 'mlm' has no fine-tuning head: probe it (`papa-surgery probe --task mlm`)")
         cfg = self.config
@@ -69,8 +72,8 @@ class FinetuneJob:
 
         return SavedModel()
 
-    def run(self, model, tokenizer, task, seed: int, progress: bool, shared=None) -> dict:
-        """The fine-tuned score and cost fields of one cell."""
+    def run(self, model, tokenizer, task, seed: int, progress: bool, shared=None, labeled: bool = False) -> dict:
+        """The fine-tuned score and cost fields of one cell (``labeled`` never comes: ``check_data`` refuses it)."""
         from .train import finetune
 
         cfg = self.config
