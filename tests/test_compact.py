@@ -72,6 +72,24 @@ def test_the_model_computes_with_the_compacted_matrices(tiny):
         convert(model, constants, HEADS, tokenizer=tok, storage="compact", trainable_constants=True)
 
 
+def test_eager_forwards_reuse_the_rebuilt_matrices_until_a_part_changes(tiny):
+    from papa_surgery.hub_code.compact_constants import COMPACT_PARTS, rebuild
+
+    model, tok = tiny.model("bert"), tiny.tokenizer("bert")
+    papa = convert(model, _random_constants(), HEADS, tokenizer=tok, storage="compact", compact_band=4, compact_rank=3)
+    module = attention_modules(papa)[1]
+    first = constants_of(module)
+    assert constants_of(module) is first  # kept: no rebuild per forward
+    with torch.no_grad():
+        module.papa_constants_profile.mul_(2.0)  # an in-place change (what a weight load does)
+    changed = constants_of(module)
+    assert changed is not first and not torch.equal(changed, first)
+    layout = CompactLayout.from_config(papa.config)
+    assert torch.equal(changed, rebuild({n: getattr(module, n) for n in COMPACT_PARTS}, layout))
+    papa.to(torch.float64)  # new tensors: rebuilt again, from the converted parts
+    assert constants_of(module) is not changed
+
+
 def _jobs(tiny, tmp_path):
     jobs = []
     for model_type in ("bert", "mpnet", "deberta-v2", "roberta"):

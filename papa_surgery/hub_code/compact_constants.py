@@ -12,8 +12,8 @@ special slots ([CLS], separators), and the rest varies smoothly with the offset 
 
 The library fits this form once at conversion (``papa_surgery.compact``), and the converted model computes with
 the rebuilt matrices from then on, so what was evaluated is exactly what a checkpoint computes. The rebuild is
-pure tensor arithmetic (traceable) and costs Hc * L * L * r multiply-adds per layer and forward, independent of
-the batch.
+pure tensor arithmetic (traceable) and costs Hc * L * L * r multiply-adds per layer, independent of the batch;
+eager forwards reuse the rebuilt matrices until a part changes.
 
 This file ships inside every PAPA checkpoint: it imports only torch.
 """
@@ -23,6 +23,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+
+from .slots import is_tracing
 
 COMPACT_PARTS = (
     "papa_constants_band",
@@ -115,8 +117,22 @@ def add_compact_constants(module, heads: int, layout: CompactLayout, dtype: torc
 
 
 def constants_of(module) -> torch.Tensor:
-    """(Hc, L, L) constant matrices of a PAPA attention module, dense or rebuilt from compact parts."""
+    """(Hc, L, L) constant matrices of a PAPA attention module, dense or rebuilt from compact parts.
+
+    Compact parts are frozen buffers, so in eager mode the rebuilt matrices are kept until a part changes
+    (a weight load or ``.to()`` gives new tensors or versions): compaction saves disk, not time per forward.
+    A traced graph rebuilds them (it cannot hold eager state).
+    """
     layout = getattr(module, "papa_compact_layout", None)
     if layout is None:
         return module.papa_constants
-    return rebuild({name: getattr(module, name) for name in COMPACT_PARTS}, layout)
+    parts = {name: getattr(module, name) for name in COMPACT_PARTS}
+    if is_tracing():
+        return rebuild(parts, layout)
+    key = tuple((t.data_ptr(), t._version, t.device, t.dtype) for t in parts.values())
+    cached = module.__dict__.get("_papa_rebuilt")
+    if cached is None or cached[0] != key:
+        with torch.no_grad():
+            cached = (key, rebuild(parts, layout))
+        module.__dict__["_papa_rebuilt"] = cached  # a plain attribute: not in the state dict, not moved by .to()
+    return cached[1]
