@@ -18,6 +18,7 @@ from conftest import FAMILY_TYPES, MODERN_TYPES, PAIRS, SENTENCES, make_constant
 
 from papa_surgery.constants import Constants
 from papa_surgery.convert import convert, save_checkpoint
+from papa_surgery.hub_code import HUB_CODE_FILES
 from papa_surgery.hub_code.families import family_for
 
 L = 64
@@ -180,8 +181,6 @@ def test_each_module_runs_its_own_copy_of_the_attention_code(tiny):
     """transformers' table of attention functions is global: whichever copy of hub_code registered ``papa_sdpa``
     last, a model's modules run the code they were built with (two checkpoints of different versions in one
     process each keep theirs)."""
-    from transformers import AttentionInterface
-
     from papa_surgery.hub_code import papa_attention
 
     _, tok, papa = papa_of(tiny, "bert")
@@ -195,7 +194,6 @@ def test_each_module_runs_its_own_copy_of_the_attention_code(tiny):
         return papa_attention.papa_attention_forward(module, *args, **kwargs)
 
     modules = [m for m in papa.modules() if hasattr(m, "papa_attention_impl")]
-    assert AttentionInterface._global_mapping["papa_sdpa"].func is papa_attention._module_attention
     try:
         for m in modules:
             m.papa_attention_impl = own_copy
@@ -290,6 +288,18 @@ def test_pipeline_truncates_to_the_slots(tiny, tmp_path):
     assert len(classify(long_text, truncation=True)) == 1
 
 
+def test_every_sibling_file_is_a_direct_import_of_the_entry_file():
+    """transformers before 5.23 copies only modeling_papa.py's own relative imports into its module cache."""
+    from pathlib import Path
+
+    from transformers.dynamic_module_utils import get_relative_imports
+
+    import papa_surgery.hub_code as hub_code
+
+    entry = Path(hub_code.__file__).parent / "modeling_papa.py"
+    assert {f"{name}.py" for name in get_relative_imports(entry)} == set(HUB_CODE_FILES) - {"modeling_papa.py"}
+
+
 def test_save_pretrained_of_a_converted_or_fine_tuned_model_carries_its_code(tiny, tmp_path):
     """register_for_auto_class: a plain save_pretrained writes the code files and the auto_map."""
     from transformers import AutoModel
@@ -297,7 +307,7 @@ def test_save_pretrained_of_a_converted_or_fine_tuned_model_carries_its_code(tin
     _, tok, papa = papa_of(tiny, "roberta")
     papa.save_pretrained(tmp_path / "plain")
     names = {p.name for p in (tmp_path / "plain").iterdir()}
-    assert {"modeling_papa.py", "configuration_papa.py", "slots.py", "papa_attention.py", "overrides.py"} <= names
+    assert set(HUB_CODE_FILES) <= names
     config = json.loads((tmp_path / "plain" / "config.json").read_text())
     assert config["auto_map"]["AutoModel"] == "modeling_papa.PapaRobertaModel"
     loaded = AutoModel.from_pretrained(tmp_path / "plain", trust_remote_code=True)

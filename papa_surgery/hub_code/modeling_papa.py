@@ -26,11 +26,15 @@ import torch
 from torch import nn
 from transformers import initialization as init
 
+# Every sibling file is imported here by name: transformers before 5.23 copies only the entry file's own
+# relative imports into its module cache when loading a checkpoint folder, not theirs.
 from .compact_constants import COMPACT_PARTS, CompactLayout
 from .configuration_papa import papa_config_class
 from .families import FAMILIES, family_for
+from .heads import PapaHeads
 from .overrides import attention_class, layer_class, slot_scope
-from .papa_attention import PAPA_PREFIX, PapaHeads, register_papa_attention, setup_interface_attention
+from .papa_attention import PAPA_PREFIX, register_papa_attention, setup_interface_attention
+from .shrink import shrink_linear  # noqa: F401  (imported for the copy only)
 from .slots import compute_slots, is_tracing
 
 register_papa_attention()
