@@ -211,29 +211,54 @@ def scale_out(command: Callable) -> Callable:
     rank 0 prints it (naming the process) and all exit with its status (1, or 2 for bad usage).
     """
 
-    import click
-
     @functools.wraps(command)
     def run(ctx, *args, **kwargs):
-        with process_group():
-            main = is_main_process()
-            if not main:
-                _quiet_rank(ctx)
-            try:
-                with shared_failures(), _silenced(not main):
-                    return command(ctx, *args, **kwargs)
-            except RemoteFailure as err:
-                if main and err.usage and not ctx.obj.get("verbose"):
-                    raise click.UsageError(str(err)) from None
-                if main or ctx.obj.get("verbose"):
-                    raise
-                sys.exit(2 if err.usage else 1)
-            except Exception as err:
-                if main or ctx.obj.get("verbose"):
-                    raise
-                sys.exit(2 if _is_usage_error(err) else 1)  # rank 0 reports it
+        code = _run_rank(ctx, command, args, kwargs)
+        if launched_world() > 1:
+            _leave(code)  # every output is written and closed: skip the interpreter's teardown (see _leave)
+        if code:
+            sys.exit(code)
 
     return run
+
+
+def _run_rank(ctx, command: Callable, args, kwargs) -> int:
+    """Run the command as this process of the group; the exit status (rank 0 raises its own errors)."""
+    import click
+
+    with process_group():
+        main = is_main_process()
+        if not main:
+            _quiet_rank(ctx)
+        try:
+            with shared_failures(), _silenced(not main):
+                command(ctx, *args, **kwargs)
+            return 0
+        except RemoteFailure as err:
+            if main and err.usage and not ctx.obj.get("verbose"):
+                raise click.UsageError(str(err)) from None
+            if main or ctx.obj.get("verbose"):
+                raise
+            return 2 if err.usage else 1
+        except Exception as err:
+            if main or ctx.obj.get("verbose"):
+                raise
+            return 2 if _is_usage_error(err) else 1  # rank 0 reports it
+
+
+def _leave(code: int) -> None:
+    """End a launched process now, with ``code``, once its work is done and its outputs are closed.
+
+    Under a launcher the interpreter's teardown can abort a process whose group is already destroyed
+    ("terminate called without an active exception", SIGABRT: a c10d/gloo thread still joinable when C++
+    static objects are destroyed), and the launcher then reports a failed run after a complete one. Nothing
+    of ours needs the teardown: finalizers run here (temporary folders), logs and streams are flushed.
+    """
+    gc.collect()
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def _quiet_rank(ctx) -> None:
