@@ -87,10 +87,6 @@ def _check_constants_options(ctx, constants_file: str | None) -> None:
             )
 
 
-def _progress(ctx) -> bool:
-    return progress_of(ctx)
-
-
 @click.group(cls=PapaGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
 @click.version_option(__version__, prog_name="papa-surgery")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bars or warnings.")
@@ -143,7 +139,7 @@ def calibrate(ctx, model, kind, out, overwrite, **kwargs):
         from_kwargs(CalibrationOptions, kwargs),
         from_kwargs(RunOptions, kwargs),
         out,
-        progress=_progress(ctx),
+        progress=progress_of(ctx),
         overwrite=overwrite,
         kind=kind,
         distill=from_kwargs(DistillOptions, kwargs),
@@ -175,7 +171,7 @@ def rank(ctx, model, constants, out, overwrite, **kwargs):
         from_kwargs(RunOptions, kwargs),
         constants,
         out,
-        progress=_progress(ctx),
+        progress=progress_of(ctx),
         overwrite=overwrite,
     )
     click.echo(f"wrote {path}")
@@ -211,7 +207,7 @@ def convert(ctx, model, do_push, **kwargs):
         from_kwargs(RunOptions, kwargs),
         do_push=do_push,
         command=_command_line(ctx),
-        progress=_progress(ctx),
+        progress=progress_of(ctx),
         distill=from_kwargs(DistillOptions, kwargs),
     )
     from .inspect_checkpoint import describe
@@ -291,7 +287,7 @@ def analyze(ctx, model, analysis, corpus, max_length, max_examples, batch_size, 
             folder,
             max_length=max_length,
             batch_size=batch_size,
-            progress=_progress(ctx),
+            progress=progress_of(ctx),
             source_name=model,
         )
     for path in sorted(target.iterdir()) if is_main_process() else ():

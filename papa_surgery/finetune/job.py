@@ -54,17 +54,10 @@ class FinetuneJob:
         task_split(task, "eval", cfg.data_dir, cfg.max_eval_examples)
 
     def score_options(self, task) -> dict:
-        """Every option that changes a fine-tuned score, resolved against the task's defaults."""
-        opts = self.options.for_task(task)
-        return {
-            "max_length": self.config.max_length or task.max_length,
-            "max_train_examples": self.config.max_train_examples,
-            "max_eval_examples": self.config.max_eval_examples,
-            "max_calibration_examples": self.config.max_calibration_examples,
-            "dtype": self.config.dtype or "fp32",
-            "rank_options": {k: self.config.rank_options[k] for k in sorted(self.config.rank_options)},
-            **{k: v for k, v in opts.as_dict().items() if k != "max_length"},
-        }
+        """Every option that changes a fine-tuned score: the sweep's (data, slots, calibration) with the
+        fine-tuning hyperparameters, resolved against the task's defaults, in place of the probe's."""
+        hyper = {k: v for k, v in self.options.for_task(task).as_dict().items() if k != "max_length"}
+        return {**self.config.score_options(task), **hyper}
 
     def shared_state(self):
         """Cells fine-tuning one converted model (a sweep's seeds) save it once."""

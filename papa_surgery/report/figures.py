@@ -10,7 +10,7 @@ from pathlib import Path
 
 from .finetuned import split_protocols
 from .stats import METHOD_PREFERENCE, main_curves, ordered, prefer, relative_drops, summarize
-from .tables import fraction_label
+from .tables import fraction_label, short_model
 from .tensors import constant_matrices
 
 
@@ -62,7 +62,7 @@ def plot_fractions(rows, out_path) -> Path:
         positions = _fraction_axis(ax, [e["kept_fraction"] for e in sub])
         for model in ordered(e["model"] for e in sub):
             mine = [e for e in sub if e["model"] == model]
-            _curve(ax, mine, positions, f"{_short(model)} ({mine[0]['kind']}, {mine[0]['method']})")
+            _curve(ax, mine, positions, f"{short_model(model)} ({mine[0]['kind']}, {mine[0]['method']})")
         ax.set_title(task)
         ax.set_ylabel(sub[0]["metric"] or "score")
         ax.legend(fontsize=7)
@@ -79,7 +79,7 @@ def plot_drop(rows, out_path) -> Path | None:
     fig, ax = plt.subplots(figsize=(5, 4))
     for p in points:
         ax.scatter([100 * p["relative_drop"]], [p["original"]])
-        ax.annotate(_short(p["model"]), (100 * p["relative_drop"], p["original"]), fontsize=8)
+        ax.annotate(short_model(p["model"]), (100 * p["relative_drop"], p["original"]), fontsize=8)
     ax.set_xlabel("relative drop with all heads constant (%)")
     ax.set_ylabel("original score (mean over tasks)")
     fig.tight_layout()
@@ -107,7 +107,7 @@ def plot_methods(rows, out_path) -> Path | None:
         methods = sorted({e["method"] for e in sub}, key=lambda m: (METHOD_PREFERENCE + (m,)).index(m))
         for method in methods:
             _curve(ax, [e for e in sub if e["method"] == method], positions, method)
-        ax.set_title(f"{_short(model)} · {task}")
+        ax.set_title(f"{short_model(model)} · {task}")
         ax.set_ylabel(sub[0]["metric"] or "score")
         ax.legend(fontsize=7)
     fig.tight_layout()
@@ -128,7 +128,7 @@ def plot_finetuned(rows, out_path) -> Path | None:
         positions = _fraction_axis(ax, [e["kept_fraction"] for sub in subs.values() for e in sub])
         for name, sub in subs.items():
             for model in ordered(e["model"] for e in sub):
-                _curve(ax, [e for e in sub if e["model"] == model], positions, f"{_short(model)} ({name})")
+                _curve(ax, [e for e in sub if e["model"] == model], positions, f"{short_model(model)} ({name})")
         ax.set_title(task)
         ax.set_ylabel(subs["fine-tuned"][0]["metric"] or "score")
         ax.legend(fontsize=7)
@@ -179,10 +179,6 @@ def constants_norm(weights, decades: float = 3.0):
     top = float(positive.max())
     bottom = max(float(positive.min()), top * 10.0**-decades)
     return LogNorm(vmin=bottom if bottom < top else top / 10.0, vmax=top, clip=True)
-
-
-def _short(model: str) -> str:
-    return str(model).rstrip("/").split("/")[-1]
 
 
 def _save(fig, out_path, plt) -> Path:

@@ -10,8 +10,8 @@ from __future__ import annotations
 import statistics
 
 from ..results import protocol
-from .stats import GROUP_FIELDS, main_curves, pick, summarize
-from .tables import cell, fraction_label, markdown_table
+from .stats import GROUP_FIELDS, group_key, main_curves, pick, summarize
+from .tables import cell, fraction_label, markdown_table, short_model
 
 COST_FIELDS = (
     "train_examples_per_second",
@@ -27,13 +27,6 @@ def split_protocols(rows) -> tuple[list[dict], list[dict]]:
     return [r for r in rows if protocol(r) == "probe"], [r for r in rows if protocol(r) == "finetune"]
 
 
-def _key(row_or_entry: dict) -> tuple:
-    return tuple(
-        round(float(row_or_entry[f]), 6) if f == "fraction" else str(row_or_entry.get(f) or "task")
-        for f in GROUP_FIELDS
-    )
-
-
 def cost_summary(rows) -> list[dict]:
     """Per fine-tuning group: the mean of each cost field over seeds and its ratio to the fraction-0 group.
 
@@ -43,7 +36,7 @@ def cost_summary(rows) -> list[dict]:
     _, tuned = split_protocols(rows)
     groups: dict[tuple, list[dict]] = {}
     for row in tuned:
-        groups.setdefault(_key(row), []).append(row)
+        groups.setdefault(group_key(row), []).append(row)
     means = {}
     for key, members in groups.items():
         entry = dict(zip(GROUP_FIELDS, key, strict=True))
@@ -78,7 +71,7 @@ def table_finetuned(rows) -> str:
         return ""
     tuned_curve = main_curves(summarize(tuned))
     probe_summary = summarize(probed)
-    costs = {_key(c): c for c in cost_summary(rows)}
+    costs = {group_key(c): c for c in cost_summary(rows)}
     header = [
         "model",
         "task",
@@ -94,11 +87,11 @@ def table_finetuned(rows) -> str:
     body = []
     for e in sorted(tuned_curve, key=lambda e: (e["model"], e["task"], -e["kept_fraction"])):
         probe = pick(probe_summary, model=e["model"], task=e["task"], fraction=e["fraction"], kind=e["kind"])
-        c = costs.get(_key(e), {})
+        c = costs.get(group_key(e), {})
         params = c.get("trainable_parameters")
         body.append(
             [
-                _short(e["model"]),
+                short_model(e["model"]),
                 e["task"],
                 fraction_label(e["kept_fraction"]),
                 cell(probe),
@@ -111,7 +104,3 @@ def table_finetuned(rows) -> str:
             ]
         )
     return markdown_table(header, body, text_columns=3)
-
-
-def _short(model: str) -> str:
-    return str(model).rstrip("/").split("/")[-1]

@@ -44,6 +44,12 @@ def _corpus(row: dict) -> str:
     return str(row.get("corpus") or "task")
 
 
+def group_key(row: dict) -> tuple:
+    """The (model, task, corpus, kind, method, fraction) group of a results row or a summary entry."""
+    key = tuple(_corpus(row) if f == "corpus" else row.get(f) for f in GROUP_FIELDS)
+    return (*key[:-1], round(float(key[-1]), 6))
+
+
 def summarize(rows) -> list[dict]:
     """Mean and 95% t-interval over seeds per (model, task, corpus, kind, method, fraction).
 
@@ -56,8 +62,7 @@ def summarize(rows) -> list[dict]:
     for row in rows:
         if row.get("score") is None:
             continue
-        key = tuple(_corpus(row) if f == "corpus" else row.get(f) for f in GROUP_FIELDS)
-        key = (*key[:-1], round(float(key[-1]), 6))
+        key = group_key(row)
         groups.setdefault(key, {})[int(row.get("seed", 0))] = float(row["score"])
         metric[key] = row.get("metric")
     out = []

@@ -41,6 +41,11 @@ def corpus_label(spec: str) -> str:
     return spec
 
 
+def short_model(model: str) -> str:
+    """A model's display name: the last component of its Hub id or path."""
+    return str(model).rstrip("/").split("/")[-1]
+
+
 def fraction_label(x: float) -> str:
     f = Fraction(x).limit_denominator(64)
     return str(f.numerator) if f.denominator == 1 else f"{f.numerator}/{f.denominator}"
