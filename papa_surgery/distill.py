@@ -13,7 +13,8 @@ unlabelled calibration corpus:
 Constants stay non-negative (they are optimised as ``exp(theta)``, theta initialised at ``log C``) and are masked
 and row-normalised at use exactly as averaged ones (the same PAPA attention runs them). Deterministic for a seed
 (fixed batch order, eval mode, no dropout); under ``torch.distributed`` each process takes every
-world_size-th example and gradients are averaged, so every process ends with the same constants.
+world_size-th batch, the loss is normalised over all processes' tokens and gradients are summed: a step of
+two processes with ``batch_size`` each is a step of one process with twice that batch.
 """
 
 from __future__ import annotations
@@ -40,16 +41,31 @@ def _hidden(model, inputs) -> tuple[torch.Tensor, ...]:
     return model(**inputs, output_hidden_states=True).hidden_states  # (layers + 1) x (B, N, D)
 
 
-def hidden_error(outputs, targets, mask: torch.Tensor, objective: str) -> torch.Tensor:
-    """The distillation loss: mean squared hidden-state error over real tokens, relative to the targets' variance."""
+def hidden_error(outputs, targets, mask: torch.Tensor, objective: str, across_processes: bool = False) -> torch.Tensor:
+    """The distillation loss: mean squared hidden-state error over real tokens, relative to the targets' variance.
+
+    With ``across_processes`` (under ``torch.distributed``) the token count and the targets' variance are those
+    of every process's batch together, and the value returned is this process's share: the shares add up to the
+    loss of the whole global batch, so summed gradients equal one process's on that batch.
+    """
     pairs = list(zip(outputs[1:], targets[1:], strict=True)) if objective == "layers" else [(outputs[-1], targets[-1])]
     real = mask.bool()  # (B, N)
-    terms = []
+    errors, stats = [], []
     for out, target in pairs:
-        diff = (out - target)[real]  # (tokens, D)
-        scale = target[real].var().clamp_min(1e-12)
-        terms.append(diff.pow(2).mean() / scale)
-    return torch.stack(terms).mean()
+        kept = target[real]  # (tokens, D)
+        errors.append((out[real] - kept).pow(2).sum())
+        kept = kept.double()
+        stats.append(torch.stack([kept.new_tensor(kept.numel()), kept.sum(), kept.pow(2).sum()]))
+    stats = torch.stack(stats)  # (terms, 3): values, their sum, their sum of squares
+    if across_processes and _distributed():
+        torch.distributed.all_reduce(stats)
+    count, total, squares = stats.unbind(-1)
+    variance = (squares / count - (total / count) ** 2).clamp_min(1e-12)
+    return (torch.stack(errors) / (count * variance).to(errors[0].dtype)).mean()
+
+
+def _distributed() -> bool:
+    return torch.distributed.is_available() and torch.distributed.is_initialized()
 
 
 def distill(
@@ -118,12 +134,11 @@ def distill(
             with torch.no_grad():
                 targets = _hidden(model, inputs)
             _set_constants(student, thetas)
-            loss = hidden_error(_hidden(student, inputs), targets, enc["attention_mask"], objective)
+            loss = hidden_error(_hidden(student, inputs), targets, enc["attention_mask"], objective, True)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
-            _average_gradients(thetas.values())
+            losses.append(_sum_over_processes(thetas.values(), loss.detach()))
             optimizer.step()
-            losses.append(loss.item())
             bar.set_postfix(loss=f"{losses[-1]:.4f}")
     finally:
         restore()
@@ -182,14 +197,13 @@ def _cycle(corpus, batch_size: int):
             raise ValueError(f"the corpus {corpus.description} gave no examples to distil on")
 
 
-def _average_gradients(params) -> None:
-    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
-        return
-    world = torch.distributed.get_world_size()
-    for p in params:
-        if p.grad is not None:
-            torch.distributed.all_reduce(p.grad)
-            p.grad /= world
+def _sum_over_processes(params, loss: torch.Tensor) -> float:
+    """Add up every process's gradient and loss share (each process then takes the same step); the loss."""
+    if _distributed():
+        for p in params:
+            torch.distributed.all_reduce(p.grad)  # every theta is used each step: no grad is None
+        torch.distributed.all_reduce(loss)
+    return float(loss)
 
 
 def distillation_loss(model, tokenizer, corpus, constants: Constants, heads, objective="layers", batch_size=16):

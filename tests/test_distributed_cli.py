@@ -229,6 +229,28 @@ def test_convert_under_torchrun_writes_one_checkpoint(work):
     assert one.keys() == two.keys() and all(torch.equal(one[k], two[k]) for k in one)
 
 
+def test_distill_under_torchrun_steps_on_both_shards(work, single_constants, tmp_path):
+    """Two processes with batch 4 take the steps of one process with batch 8 (the loss is normalised over both
+    shards' tokens and the gradients summed), not those of one process on its own shard."""
+    args = ("calibrate", "bert", "--corpus", "corpus.txt", "--max-length", 32, "--kind", "distilled",
+            "--distill-steps", 3, "--distill-lr", 0.05)  # fmt: skip
+    ok(run_cli(TORCHRUN, *args, "--batch-size", 4, "--out", tmp_path / "two.safetensors", cwd=work))
+    for batch in (4, 8):
+        ok(run_cli(SINGLE, *args, "--batch-size", batch, "--out", tmp_path / f"one-{batch}.safetensors", cwd=work))
+    assert outputs(tmp_path) == ["one-4.safetensors", "one-8.safetensors", "two.safetensors"]
+    two, own_shard, both = (Constants.load(tmp_path / f"{n}.safetensors") for n in ("two", "one-4", "one-8"))
+    assert two.kind == "distilled" and two.metadata["processes"] == 2
+    assert two.metadata["distilled"]["batch_size"] == 4
+
+    def gap(a, b):
+        return float((a.values - b.values).abs().max())
+
+    assert gap(two, single_constants) > 1e-3  # distilled: moved away from the average it started from
+    assert gap(own_shard, both) > 1e-3  # the batches differ enough to tell the two apart
+    # padding differs (each shard pads to its own longest line): equal up to float rounding, amplified by Adam
+    assert gap(two, both) < 1e-4 < gap(two, own_shard) / 100
+
+
 @pytest.mark.parametrize("step", ["preflight", "calibration"])
 def test_a_failure_on_one_rank_ends_both_and_writes_nothing(work, tmp_path, step):
     (tmp_path / "sitecustomize.py").write_text(FAIL_HOOK)
