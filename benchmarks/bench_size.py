@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 from transformers import BertConfig, BertModel
+from transformers.utils import logging as hf_logging
 
 from papa_surgery.constants import Constants
 from papa_surgery.convert import convert, save_checkpoint
@@ -31,6 +32,7 @@ def main() -> None:
     parser.add_argument("--lengths", type=int, nargs="+", default=[128, 512])
     parser.add_argument("--threads", type=int, default=None)
     args = parser.parse_args()
+    hf_logging.disable_progress_bar()  # transformers' per-save bar would split the table
     if args.threads:
         torch.set_num_threads(args.threads)
     torch.manual_seed(0)
