@@ -201,7 +201,9 @@ def _sum_over_processes(params, loss: torch.Tensor) -> float:
     """Add up every process's gradient and loss share (each process then takes the same step); the loss."""
     if _distributed():
         for p in params:
-            torch.distributed.all_reduce(p.grad)  # every theta is used each step: no grad is None
+            if p.grad is None:  # every process must join every all_reduce, in the same order
+                p.grad = torch.zeros_like(p)
+            torch.distributed.all_reduce(p.grad)
         torch.distributed.all_reduce(loss)
     return float(loss)
 
