@@ -98,12 +98,12 @@ def finetune(
         max_train_examples, max_eval_examples: keep only the first examples of a split.
         device: where to train (default: CUDA when available, else CPU).
         progress: Trainer's progress bars.
+        saved: a :class:`SavedModel` shared by calls on the same, unchanged model (saved once).
 
     Under ``torchrun`` or ``accelerate launch`` (a process group is up) Trainer trains with DDP: each process
     takes ``batch_size / processes`` of every batch, so the global batch and the schedule equal a single
     process's; the data order differs (the sampler shards a shuffled order), so scores agree with a
     single-process run only up to that ordering, as two seeds do.
-        saved: a :class:`SavedModel` shared by calls on the same, unchanged model (saved once).
 
     Returns:
         The score and the cost: ``metric``, ``score``, ``examples``, ``eval_examples``, ``epochs``, ``lr``,
