@@ -18,7 +18,7 @@ import torch
 
 from .hub_code.modeling_papa import attention_modules
 from .probe.data import load_split
-from .probe.features import FeatureStore, backbone_of, encode_split, pad_batch
+from .probe.features import FeatureStore, backbone_of, encode_split, pad_batch, token_ids
 from .probe.heads import build_head
 from .probe.metrics import score
 from .probe.tasks import MLM, get_task
@@ -70,9 +70,7 @@ def labeled_probe(
         model.to(device)
     device = next(model.parameters()).device
     length = int(model.config.papa_max_length)
-    sep_id = model.config.papa_sep_token_id
-    sep_id = sep_id if sep_id is not None else tokenizer.sep_token_id
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    sep_id, pad_id = token_ids(model, tokenizer)
     epochs = task.epochs if epochs is None else epochs
     batch_size = batch_size or task.batch_size
     lr = lr or task.lr

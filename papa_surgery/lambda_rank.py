@@ -28,7 +28,7 @@ from .convert import build_papa_model, papa_config, separator_id
 from .hub_code.modeling_papa import attention_modules
 from .loading import public_name
 from .probe.data import load_split
-from .probe.features import encode_split, pad_batch
+from .probe.features import encode_split, pad_batch, token_ids
 from .probe.heads import build_head
 from .probe.tasks import MLM, Task, get_task
 from .probe.train import fit
@@ -186,9 +186,7 @@ def fit_lambdas(
             f"{'' if task.pairs else 'out'} --pairs for a faithful ranking",
             stacklevel=2,
         )
-    sep_id = mixed.config.papa_sep_token_id
-    sep_id = sep_id if sep_id is not None else tokenizer.sep_token_id
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    sep_id, pad_id = token_ids(mixed, tokenizer)
     enc = encode_split(tokenizer, split.texts, split.labels, task.kind, task.pairs, length, sep_id)
     per_epoch = math.ceil(len(enc) / opts.batch_size)
     steps = per_epoch * (task.epochs if opts.epochs is None else opts.epochs) if opts.steps is None else opts.steps

@@ -19,6 +19,7 @@ import torch
 
 from ..distributed import broadcast_from_main, is_main_process, world_size
 from ..probe.data import load_split
+from ..probe.features import token_ids
 from ..probe.metrics import score
 from ..probe.run import slot_count
 from ..probe.tasks import MLM, TOKEN, Task, get_task
@@ -136,8 +137,7 @@ def finetune(
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     train_split = load_split(task, "train", data_dir, max_train_examples)
     eval_split = load_split(task, "eval", data_dir, max_eval_examples)
-    sep_id = getattr(model.config, "papa_sep_token_id", None)
-    sep_id = sep_id if sep_id is not None else tokenizer.sep_token_id
+    sep_id, _ = token_ids(model, tokenizer)
     train_ds = task_dataset(tokenizer, train_split, task, length, sep_id)
     eval_ds = task_dataset(tokenizer, eval_split, task, length, sep_id)
 

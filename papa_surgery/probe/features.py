@@ -133,6 +133,17 @@ class _PapaEncoder:
         return self.model.papa_base_forward(**inputs)
 
 
+def token_ids(model: nn.Module, tokenizer) -> tuple[int | None, int]:
+    """(separator, padding) ids for encoding and padding a split for ``model``.
+
+    The separator is the PAPA config's middle separator when the model has one, else the tokenizer's; the
+    padding id is the tokenizer's, else 0 (padding is masked out, so any id serves).
+    """
+    sep = getattr(model.config, "papa_sep_token_id", None)
+    pad = tokenizer.pad_token_id
+    return (sep if sep is not None else tokenizer.sep_token_id), (pad if pad is not None else 0)
+
+
 def pad_batch(enc: Encoded, index: Sequence[int], pad_id: int) -> dict[str, torch.Tensor]:
     """Right-padded (B, N) tensors of the examples ``index``: input_ids, attention_mask, slots (-1 pad)."""
     n = max(len(enc.ids[i]) for i in index)

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from .features import Encoded, length_batches, pad_batch
+from .features import Encoded, length_batches, pad_batch, token_ids
 
 MASK_PROB = 0.15
 
@@ -87,7 +87,7 @@ def masked_nll(
         masks = mask_positions(enc, tokenizer, seed)
     else:
         raise ValueError(f"unknown MLM strategy {strategy!r}; use 'pseudo' or 'random'")
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    _, pad_id = token_ids(model, tokenizer)
     total, count = 0.0, 0
     for index in tqdm(length_batches(enc.lengths, batch_size), desc="mlm", disable=not progress, leave=False):
         batch = pad_batch(enc, index, pad_id)

@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from .data import load_split
-from .features import FeatureStore, backbone_of, dist_info, encode_split
+from .features import FeatureStore, backbone_of, dist_info, encode_split, token_ids
 from .heads import build_head
 from .metrics import neg_log_perplexity, perplexity, score
 from .mlm import masked_nll, require_mlm_head
@@ -120,9 +120,7 @@ def probe(
     device = torch.device(device) if device is not None else next(model.parameters()).device
     if task.kind == MLM:
         require_mlm_head(model, tokenizer)
-    sep_id = getattr(model.config, "papa_sep_token_id", None)
-    sep_id = sep_id if sep_id is not None else tokenizer.sep_token_id
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    sep_id, pad_id = token_ids(model, tokenizer)
     epochs = task.epochs if epochs is None else epochs
     batch_size = batch_size or task.batch_size
     lr = lr or task.lr
