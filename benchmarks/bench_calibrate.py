@@ -9,10 +9,9 @@ Run: python benchmarks/bench_calibrate.py [--model PATH] [--examples 256] [--max
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 
 import torch
+from timing import interleaved_medians
 from transformers import AutoModel, AutoTokenizer
 
 from papa_surgery.calibrate import calibrate
@@ -43,17 +42,10 @@ def main() -> None:
     def calibration():
         calibrate(model, tok, examples, max_length=args.max_length, batch_size=args.batch_size, progress=False)
 
-    forward_only(), calibration()  # warm-up
-    times = {"eager forward": [], "calibrate": []}
-    for _ in range(args.repeats):
-        for name, fn in (("eager forward", forward_only), ("calibrate", calibration)):
-            t = time.perf_counter()
-            fn()
-            times[name].append(time.perf_counter() - t)
-    base = statistics.median(times["eager forward"])
+    medians = interleaved_medians({"eager forward": forward_only, "calibrate": calibration}, args.repeats)
+    base = medians["eager forward"]
     print(f"{len(examples)} examples, batch {args.batch_size}, L={args.max_length}, {torch.get_num_threads()} threads")
-    for name, ts in times.items():
-        med = statistics.median(ts)
+    for name, med in medians.items():
         print(f"  {name:14s} {med:7.2f} s   {med / base:5.2f}x the eager forward")
 
 

@@ -11,20 +11,17 @@ Run: python benchmarks/bench_convert.py [--repeats 7] [--threads N]
 from __future__ import annotations
 
 import argparse
-import statistics
+import functools
 import tempfile
-import time
 from pathlib import Path
 
 import torch
+from timing import interleaved_medians
 from transformers import BertConfig, BertModel
 
 from papa_surgery.constants import Constants
 from papa_surgery.convert import convert, save_checkpoint
-
-
-def folder_size(path: Path) -> int:
-    return sum(p.stat().st_size for p in path.iterdir() if p.suffix == ".safetensors")
+from papa_surgery.finetune.cost import folder_bytes
 
 
 def main() -> None:
@@ -49,31 +46,26 @@ def main() -> None:
     ids = torch.randint(1000, 30000, (args.batch, args.length))
     ids[:, 0], ids[:, -1] = 101, 102
     mask = torch.ones_like(ids)
-    times = {name: [] for name in models}
     with torch.inference_mode():
-        for m in models.values():  # warm-up
-            m(input_ids=ids, attention_mask=mask)
-        for _ in range(args.repeats):
-            for name, m in models.items():
-                t = time.perf_counter()
-                m(input_ids=ids, attention_mask=mask)
-                times[name].append(time.perf_counter() - t)
-    base = statistics.median(times["source (sdpa)"])
+        medians = interleaved_medians(
+            {name: functools.partial(m, input_ids=ids, attention_mask=mask) for name, m in models.items()},
+            args.repeats,
+        )
+    base = medians["source (sdpa)"]
     print(f"forward, batch {args.batch} x n={args.length}, {torch.get_num_threads()} threads, median of {args.repeats}")
-    for name, ts in times.items():
-        med = statistics.median(ts)
+    for name, med in medians.items():
         print(f"  {name:16s} {med * 1000:8.1f} ms   speed-up vs source {base / med:5.3f}x")
 
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         source.save_pretrained(tmp / "source")
-        src_size = folder_size(tmp / "source")
+        src_size = folder_bytes(tmp / "source")
         print(f"checkpoint size at L={args.length} (safetensors bytes)")
         print(f"  {'source':16s} {src_size / 2**20:8.1f} MiB")
         for dtype in ("fp32", "fp16"):
             papa = convert(source, constants, heads_all, dtype=dtype)
             save_checkpoint(papa, tmp / dtype, card=False)
-            size = folder_size(tmp / dtype)
+            size = folder_bytes(tmp / dtype)
             print(f"  {'1.0, ' + dtype:16s} {size / 2**20:8.1f} MiB   ratio {size / src_size:5.3f}x")
 
 

@@ -15,10 +15,10 @@ Run: python benchmarks/bench_finetune.py [--repeats 5] [--threads N]
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
+import functools
 
 import torch
+from timing import interleaved_medians
 from transformers import BertConfig, BertForSequenceClassification
 
 from papa_surgery.constants import Constants
@@ -32,13 +32,10 @@ def flop_limit(fraction: float, d: int = 768, n: int = 128) -> float:
     return source / (source - saved)
 
 
-def step_time(model, batch: dict, optimizer) -> float:
-    start = time.perf_counter()
-    loss = model(**batch).loss
-    loss.backward()
+def train_step(model, batch: dict, optimizer) -> None:
+    model(**batch).loss.backward()
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-    return time.perf_counter() - start
 
 
 def main() -> None:
@@ -61,22 +58,18 @@ def main() -> None:
     ids = torch.randint(1000, 30000, (args.batch, args.length))
     ids[:, 0], ids[:, -1] = 101, 102
     batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": torch.randint(0, 2, (args.batch,))}
-    optimizers = {}
+    steps = {}
     for name, (model, _) in models.items():
         model.train()
-        optimizers[name] = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=2e-5)
-        step_time(model, batch, optimizers[name])  # warm-up (allocates AdamW state)
-    times = {name: [] for name in models}
-    for _ in range(args.repeats):
-        for name, (model, _) in models.items():
-            times[name].append(step_time(model, batch, optimizers[name]))
-    base = statistics.median(times["source (sdpa)"])
+        optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=2e-5)
+        steps[name] = functools.partial(train_step, model, batch, optimizer)  # the warm-up allocates AdamW state
+    medians = interleaved_medians(steps, args.repeats)
+    base = medians["source (sdpa)"]
     print(
         f"training step (fwd+bwd+AdamW), batch {args.batch} x n={args.length}, "
         f"{torch.get_num_threads()} threads, median of {args.repeats}"
     )
-    for name, ts in times.items():
-        med = statistics.median(ts)
+    for name, med in medians.items():
         limit = flop_limit(models[name][1], n=args.length)
         print(
             f"  {name:16s} {med * 1000:8.1f} ms  {args.batch / med:6.1f} examples/s   "

@@ -15,10 +15,10 @@ Run: python benchmarks/bench_modernbert.py [--repeats 3] [--batch 2] [--threads 
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
+import functools
 
 import torch
+from timing import interleaved_medians
 from transformers import ModernBertConfig, ModernBertModel
 
 from papa_surgery.constants import Constants
@@ -76,19 +76,14 @@ def main() -> None:
     ids = torch.randint(1000, 50000, (args.batch, args.length))
     ids[:, 0], ids[:, -1] = config.cls_token_id, config.sep_token_id
     mask = torch.ones_like(ids)
-    times = {name: [] for name in models}
     with torch.inference_mode():
-        for m in models.values():  # warm-up
-            m(input_ids=ids, attention_mask=mask)
-        for _ in range(args.repeats):
-            for name, m in models.items():
-                t = time.perf_counter()
-                m(input_ids=ids, attention_mask=mask)
-                times[name].append(time.perf_counter() - t)
-    base = statistics.median(times["source (sdpa)"])
+        medians = interleaved_medians(
+            {name: functools.partial(m, input_ids=ids, attention_mask=mask) for name, m in models.items()},
+            args.repeats,
+        )
+    base = medians["source (sdpa)"]
     print(f"forward, batch {args.batch} x n={args.length}, {torch.get_num_threads()} threads, median of {args.repeats}")
-    for name, ts in times.items():
-        med = statistics.median(ts)
+    for name, med in medians.items():
         print(f"  {name:16s} {med * 1000:9.1f} ms   speed-up vs source {base / med:5.3f}x")
     print(f"FLOP limit of fraction 1.0 at n={args.length} (source / converted, per token):")
     for name, ratio in flop_limits(config, args.length).items():

@@ -21,10 +21,7 @@ from transformers.utils import logging as hf_logging
 
 from papa_surgery.constants import Constants
 from papa_surgery.convert import convert, save_checkpoint
-
-
-def weights_size(folder: Path) -> int:
-    return sum(p.stat().st_size for p in folder.iterdir() if p.suffix == ".safetensors")
+from papa_surgery.finetune.cost import folder_bytes
 
 
 def main() -> None:
@@ -40,7 +37,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         source.save_pretrained(root / "source")
-        base = weights_size(root / "source")
+        base = folder_bytes(root / "source")
         print(f"source (fp32): {base / 2**20:.1f} MiB")
         print(f"{'L':>4} {'fraction':>8} {'dtype':>5} {'storage':>8} {'size MiB':>9} {'x source':>9} {'fit s':>6}")
         for length in args.lengths:
@@ -56,7 +53,7 @@ def main() -> None:
                         fit = time.perf_counter() - start
                         name = f"L{length}-f{fraction}-{dtype}-{storage}"
                         out = save_checkpoint(papa, root / name, recipe={"benchmark": name}, card=False)
-                        size = weights_size(out)
+                        size = folder_bytes(out)
                         label = storage if storage != "auto" else ("auto:" + ("dense" if length <= 128 else "cmp"))
                         print(
                             f"{length:>4} {fraction:>8g} {dtype:>5} {label:>8} {size / 2**20:>9.1f} "
