@@ -122,6 +122,7 @@ def _heads(prefix: str, skip: tuple[str, ...] = ()) -> dict:
 # its own attention functions instead of the attention interface).
 _MODERN = (5, 23)
 _ROTARY = "rotary positions on the kept heads only"
+_LLM_NAMES = {"q": "q_proj", "k": "k_proj", "v": "v_proj", "out": "o_proj", "output_projection": "o_proj"}
 
 
 FAMILIES: dict[str, Family] = {
@@ -230,11 +231,7 @@ FAMILIES: dict[str, Family] = {
             "gte",
             "GteAttention",
             "interface",
-            q="q_proj",
-            k="k_proj",
-            v="v_proj",
-            out="o_proj",
-            output_projection="o_proj",
+            **_LLM_NAMES,
             auto_classes=_heads("Gte", skip=("ForQuestionAnswering", "ForMultipleChoice")),
             min_transformers=_MODERN,
             notes=_ROTARY,
@@ -245,11 +242,7 @@ FAMILIES: dict[str, Family] = {
             "nomic_bert",
             "NomicBertAttention",
             "interface",
-            q="q_proj",
-            k="k_proj",
-            v="v_proj",
-            out="o_proj",
-            output_projection="o_proj",
+            **_LLM_NAMES,
             auto_classes=_heads("NomicBert", skip=("ForQuestionAnswering", "ForMultipleChoice")),
             min_transformers=_MODERN,
             notes=_ROTARY,
@@ -260,11 +253,7 @@ FAMILIES: dict[str, Family] = {
             "eurobert",
             "EuroBertAttention",
             "interface",
-            q="q_proj",
-            k="k_proj",
-            v="v_proj",
-            out="o_proj",
-            output_projection="o_proj",
+            **_LLM_NAMES,
             kv_heads_attr="num_key_value_heads",
             auto_classes=_heads("EuroBert", skip=("ForQuestionAnswering", "ForMultipleChoice")),
             min_transformers=_MODERN,
@@ -279,11 +268,7 @@ FAMILIES: dict[str, Family] = {
             "jina_embeddings_v3",
             "JinaEmbeddingsV3Attention",
             "interface",
-            q="q_proj",
-            k="k_proj",
-            v="v_proj",
-            out="o_proj",
-            output_projection="o_proj",
+            **_LLM_NAMES,
             middle_separators=2,
             auto_classes=_heads("JinaEmbeddingsV3", skip=("ForMultipleChoice",)),
             min_transformers=_MODERN,
