@@ -88,9 +88,14 @@ def shrink_rows(module: nn.Module, name: str, rows: list[int], stand_in=None) ->
     delattr(module, name)
     setattr(module, name, shrink_linear(linear, rows) if rows else stand_in)
     if rows:
-        module.papa_rows[f"{name}.weight"] = (f"{name}.weight", rows)
-        if linear.bias is not None:
-            module.papa_rows[f"{name}.bias"] = (f"{name}.bias", rows)
+        _record_rows(module, name, name, rows, linear.bias is not None)
+
+
+def _record_rows(module: nn.Module, local: str, source: str, rows: list[int], bias: bool) -> None:
+    """Record in ``papa_rows`` that Linear ``local``'s weight (and bias) keep ``rows`` of the source's ``source``
+    (``convert`` builds the checkpoint's state dict from it)."""
+    for part in ("weight", "bias") if bias else ("weight",):
+        module.papa_rows[f"{local}.{part}"] = (f"{source}.{part}", rows)
 
 
 def shrink_fused(module: nn.Module, name: str, heads: PapaHeads) -> None:
@@ -100,9 +105,7 @@ def shrink_fused(module: nn.Module, name: str, heads: PapaHeads) -> None:
     fused = PapaFusedQKV(getattr(module, name), heads)
     setattr(module, name, fused)
     module.papa_zero_qk = True  # the Q/K handed to the attention function carry zeros for the constant heads
-    module.papa_rows[f"{name}.proj.weight"] = (f"{name}.weight", fused.rows)
-    if fused.proj.bias is not None:
-        module.papa_rows[f"{name}.proj.bias"] = (f"{name}.bias", fused.rows)
+    _record_rows(module, f"{name}.proj", name, fused.rows, fused.proj.bias is not None)
 
 
 def shrink_grouped(module: nn.Module, family, heads: PapaHeads) -> None:
