@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import torch
 
+from .coverage import offset_means
 from .hub_code.compact_constants import COMPACT_PARTS, CompactLayout, rebuild, special_slots
 
 STORAGES = ("auto", "dense", "compact")
@@ -48,10 +49,7 @@ def compact_parts(values: torch.Tensor, layout: CompactLayout, dtype: torch.dtyp
     special = torch.zeros(length, dtype=torch.bool)
     special[list(layout.special)] = True
     far = (d.abs() > layout.band) & ~special[:, None] & ~special[None, :]  # (L, L) cells of profile + residual
-    offset = (d + length - 1).reshape(-1)
-    sums = torch.zeros(hc, 2 * length - 1, dtype=c.dtype).index_add_(-1, offset, (c * far).reshape(hc, -1))
-    totals = torch.zeros(2 * length - 1, dtype=c.dtype).index_add_(0, offset, far.double().reshape(-1))
-    profile = sums / totals.clamp_min(1.0)  # (Hc, 2L-1); offsets with no far cell are never read
+    profile, _ = offset_means(c, far.double())  # (Hc, 2L-1); offsets with no far cell are never read
     toeplitz = profile[:, d + length - 1]  # (Hc, L, L)
     residual = c - toeplitz
     u = torch.zeros(hc, length, layout.rank, dtype=c.dtype)

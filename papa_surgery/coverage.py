@@ -42,18 +42,29 @@ def _weighted_mean(values: torch.Tensor, weights: torch.Tensor, dim: int) -> tup
     return mean, total
 
 
-def _profile(values: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-    """(..., 2L-1) count-weighted mean of body cells per offset j - i + L - 1, gaps from the nearest offset."""
+def offset_means(values: torch.Tensor, weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A relative-offset (Toeplitz) profile: the ``weights``-weighted mean of ``values`` (..., L, L) per offset.
+
+    Returns:
+        (..., 2L-1) the mean at offset j - i (index j - i + L - 1; 0 where no cell has weight), and (2L-1,)
+        the weight total per offset.
+    """
     length = values.shape[-1]
     idx = torch.arange(length)
     offset = (idx[None, :] - idx[:, None] + length - 1).reshape(-1)  # (L*L,)
     flat = (values * weights).reshape(*values.shape[:-2], -1)  # (..., L*L)
     sums = torch.zeros(*values.shape[:-2], 2 * length - 1, dtype=values.dtype).index_add_(-1, offset, flat)
     totals = torch.zeros(2 * length - 1, dtype=values.dtype).index_add_(0, offset, weights.reshape(-1))
+    return sums / totals.clamp_min(1e-30), totals
+
+
+def _profile(values: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """(..., 2L-1) count-weighted mean of body cells per offset j - i + L - 1, gaps from the nearest offset."""
+    length = values.shape[-1]
+    profile, totals = offset_means(values, weights)
     measured = (totals > 0).nonzero().squeeze(-1)  # (M,)
     if measured.numel() == 0:  # no body cell at all (examples of special tokens only): special slots only
-        return sums
-    profile = sums / totals.clamp_min(1e-30)
+        return profile
     nearest = measured[(torch.arange(2 * length - 1)[:, None] - measured[None, :]).abs().argmin(-1)]  # (2L-1,)
     return profile[..., nearest]
 
