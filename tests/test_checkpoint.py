@@ -66,6 +66,23 @@ def model_inputs(auto: str, tok, model) -> dict:
     return enc
 
 
+def loader_job(papa, tok, auto: str, out: Path, name: str, tmp_path: Path) -> dict:
+    """A job for ``LOADER``: the saved checkpoint ``out`` must reproduce ``papa``'s output on these inputs."""
+    inputs = model_inputs(auto, tok, papa)
+    with torch.no_grad():
+        expected = papa(**inputs)[0]
+    torch.save(inputs, tmp_path / f"{name}.in.pt")
+    torch.save(expected, tmp_path / f"{name}.out.pt")
+    return {
+        "name": name,
+        "auto": auto,
+        "attn": papa.config._attn_implementation,
+        "dir": str(out),
+        "inputs": str(tmp_path / f"{name}.in.pt"),
+        "expected": str(tmp_path / f"{name}.out.pt"),
+    }
+
+
 def _round_trip_every_family_and_auto_class(tiny, tmp_path, python: str, skip=(), families=FAMILY_TYPES):
     jobs = []
     for model_type in families:
@@ -83,21 +100,7 @@ def _round_trip_every_family_and_auto_class(tiny, tmp_path, python: str, skip=()
             papa = convert(src, consts, HEADS, tokenizer=tok, fraction=0.75)
             name = f"{model_type}-{auto}"
             out = save_checkpoint(papa, tmp_path / name, tokenizer=tok, recipe={"test": True}, card=False)
-            inputs = model_inputs(auto, tok, papa)
-            with torch.no_grad():
-                expected = papa(**inputs)[0]
-            torch.save(inputs, tmp_path / f"{name}.in.pt")
-            torch.save(expected, tmp_path / f"{name}.out.pt")
-            jobs.append(
-                {
-                    "name": name,
-                    "auto": auto,
-                    "attn": papa.config._attn_implementation,
-                    "dir": str(out),
-                    "inputs": str(tmp_path / f"{name}.in.pt"),
-                    "expected": str(tmp_path / f"{name}.out.pt"),
-                }
-            )
+            jobs.append(loader_job(papa, tok, auto, out, name, tmp_path))
     (tmp_path / "jobs.json").write_text(json.dumps(jobs))
     result = fresh_python(LOADER, str(tmp_path / "jobs.json"), cwd=tmp_path, python=python)
     assert "ALL-OK" in result.stdout, result.stdout + result.stderr[-4000:]

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 import torch
-from test_checkpoint import LOADER, floor_python, fresh_python, model_inputs
+from test_checkpoint import LOADER, floor_python, fresh_python, loader_job
 
 from papa_surgery.compact import compact_parts, compacted, layout_for
 from papa_surgery.constants import Constants
@@ -103,21 +103,7 @@ def _jobs(tiny, tmp_path):
             name = f"{model_type}-{dtype}"
             out = save_checkpoint(papa, tmp_path / name, tokenizer=tok, recipe={"test": True}, card=False)
             assert describe(out)["problems"] == []
-            inputs = model_inputs("AutoModel", tok, papa)
-            with torch.no_grad():
-                expected = papa(**inputs)[0]
-            torch.save(inputs, tmp_path / f"{name}.in.pt")
-            torch.save(expected, tmp_path / f"{name}.out.pt")
-            jobs.append(
-                {
-                    "name": name,
-                    "auto": "AutoModel",
-                    "attn": papa.config._attn_implementation,
-                    "dir": str(out),
-                    "inputs": str(tmp_path / f"{name}.in.pt"),
-                    "expected": str(tmp_path / f"{name}.out.pt"),
-                }
-            )
+            jobs.append(loader_job(papa, tok, "AutoModel", out, name, tmp_path))
     (tmp_path / "jobs.json").write_text(json.dumps(jobs))
     return jobs
 
@@ -170,17 +156,9 @@ def test_compact_parts_have_the_declared_shapes():
 @pytest.mark.parametrize("model_type", ["bert", "mpnet"])
 def test_compact_constants_export_with_dynamic_shapes(tiny, model_type):
     """The rebuild is pure tensor arithmetic: torch.export traces it (interface and override families)."""
-    from conftest import PAIRS, SENTENCES
-    from test_clients import Encoder, batch
+    from test_clients import exported_and_eager
 
     tok, src = tiny.tokenizer(model_type), tiny.model(model_type)
     papa = convert(src, _random_constants(), HEADS, tokenizer=tok, storage="compact", compact_band=4, compact_rank=3)
-    model = Encoder(papa).eval()
-    first, second = batch(tok, SENTENCES[:2]), batch(tok, PAIRS, pairs=True)
-    b, n = torch.export.Dim("batch"), torch.export.Dim("length", max=L)
-    shapes = ({0: b, 1: n}, {0: b, 1: n})
-    program = torch.export.export(model, (first["input_ids"], first["attention_mask"]), dynamic_shapes=shapes)
-    got = program.module()(second["input_ids"], second["attention_mask"])
-    with torch.no_grad():
-        expected = model(second["input_ids"], second["attention_mask"])
+    got, expected = exported_and_eager(papa, tok)
     assert float((got - expected).abs().max()) <= 1e-5
