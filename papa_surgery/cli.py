@@ -8,7 +8,6 @@ on stderr; the traceback with ``--verbose``), 2 bad usage.
 from __future__ import annotations
 
 import logging
-import sys
 
 import click
 
@@ -41,19 +40,46 @@ class PapaGroup(click.Group):
                 return super().invoke(ctx)
         except (click.exceptions.Exit, click.exceptions.Abort, click.ClickException):
             raise
-        except OptionError as err:
-            if ctx.obj and ctx.obj.get("verbose"):
-                raise
-            raise click.BadParameter(err.detail, param_hint=f"'{err.option}'") from None
         except Terminated as stop:
             click.echo(f"Error: {stop}; partial outputs were removed", err=True)
             raise
-        except Exception as err:  # a failed run: one line, no traceback unless --verbose
-            if ctx.obj and ctx.obj.get("verbose"):
+        except Exception as err:
+            shown = failure(ctx, err)
+            if shown is None:
                 raise
-            message = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-            click.echo(f"Error: {message}", err=True)
-            sys.exit(1)
+            raise shown from None
+
+
+def failure(ctx, err: Exception) -> click.ClickException | None:
+    """What a failed run shows: one line and exit 1, a bad option as exit 2; ``None`` under --verbose (traceback).
+
+    Used for one process by :class:`PapaGroup`, and under a launcher by rank 0, which says the run's error while
+    the other processes still wait for it (:func:`papa_surgery.distributed.scale_out`).
+    """
+    from .distributed import RemoteFailure
+
+    if isinstance(err, click.ClickException):
+        return err
+    if ctx.find_root().obj and ctx.find_root().obj.get("verbose"):
+        return None
+    if isinstance(err, OptionError):
+        return click.BadParameter(err.detail, param_hint=f"'{err.option}'")
+    if isinstance(err, RemoteFailure) and err.usage:  # another process's bad option: bad usage here too
+        return click.UsageError(str(err))
+    message = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    return click.ClickException(message)
+
+
+def report_failure(ctx, err: Exception) -> int:
+    """Say a failed run's error as :class:`PapaGroup` would (the traceback under --verbose); its exit status."""
+    shown = failure(ctx, err)
+    if shown is None:
+        import traceback
+
+        traceback.print_exception(err)
+        return 1
+    shown.show()
+    return shown.exit_code
 
 
 def _given(ctx, name: str) -> bool:

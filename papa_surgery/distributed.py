@@ -223,9 +223,11 @@ def scale_out(command: Callable) -> Callable:
 
 
 def _run_rank(ctx, command: Callable, args, kwargs) -> int:
-    """Run the command as this process of the group; the exit status (rank 0 raises its own errors)."""
-    import click
+    """Run the command as this process of the group; the exit status (one process raises its own errors).
 
+    In a group, rank 0 says a failed run's error before any process leaves: the launcher stops the other
+    processes as soon as one exits, which would cut rank 0 off before it said what went wrong.
+    """
     with process_group():
         main = is_main_process()
         if not main:
@@ -234,16 +236,23 @@ def _run_rank(ctx, command: Callable, args, kwargs) -> int:
             with shared_failures(), _silenced(not main):
                 command(ctx, *args, **kwargs)
             return 0
-        except RemoteFailure as err:
-            if main and err.usage and not ctx.obj.get("verbose"):
-                raise click.UsageError(str(err)) from None
-            if main or ctx.obj.get("verbose"):
-                raise
-            return 2 if err.usage else 1
         except Exception as err:
-            if main or ctx.obj.get("verbose"):
-                raise
-            return 2 if _is_usage_error(err) else 1  # rank 0 reports it
+            if _dist() is None:
+                raise  # one process: the command line reports it
+            from .cli import failure, report_failure
+
+            shown = failure(ctx, err)
+            code = report_failure(ctx, err) if main or shown is None else shown.exit_code
+            _after_report()
+            return code
+
+
+def _after_report() -> None:
+    """Every rank waits here until rank 0 has said the run's error (all ranks fail from the same exchange)."""
+    try:
+        agree()
+    except Exception:  # a peer that is gone (killed, or its connection lost): nothing left to wait for
+        pass
 
 
 def _leave(code: int) -> None:

@@ -34,10 +34,20 @@ ACCELERATE = [
 LAUNCHERS = {"torchrun": TORCHRUN, "accelerate": ACCELERATE}
 LAUNCHER_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "GROUP_RANK")
 FAIL_HOOK = """
+import importlib
 import os
-if os.environ.get("RANK") == "1":  # rank 1 alone fails, at the step PAPA_TEST_FAIL names
-    import importlib
+import time
 
+if os.environ.get("RANK") == "0":  # rank 0 hears of the failure late: rank 1 must not exit before rank 0 said it
+    distributed = importlib.import_module("papa_surgery.distributed")
+    real_failure = distributed.RemoteFailure.__init__
+
+    def late_failure(self, *args, **kwargs):
+        time.sleep(1.0)  # ten of torchrun's monitor intervals: it stops the other ranks once one has exited
+        real_failure(self, *args, **kwargs)
+
+    distributed.RemoteFailure.__init__ = late_failure
+if os.environ.get("RANK") == "1":  # rank 1 alone fails, at the step PAPA_TEST_FAIL names
     calibrate = importlib.import_module("papa_surgery.calibrate")  # the module, not the function of that name
     pipeline = importlib.import_module("papa_surgery.pipeline")
 
@@ -261,6 +271,20 @@ def test_a_failure_on_one_rank_ends_both_and_writes_nothing(work, tmp_path, step
     assert result.returncode == 1
     errors = [line for line in result.stderr.splitlines() if line.startswith("Error:")]
     assert errors == ["Error: process 1 of 2 failed: injected failure on rank 1"]  # said once, by rank 0
+    assert outputs(work) == before
+
+
+def test_a_bad_option_under_torchrun_is_said_once_as_bad_usage(work):
+    """Bad usage found inside the command (more slots than the model has positions) on every rank: said once, by
+    rank 0, as one process says it; nothing written. (torchrun exits 1 for any failed process; each exits 2.)"""
+    before = outputs(work)
+    args = ("calibrate", "bert", "--corpus", "corpus.txt", "--max-length", 100_000, "--out", "bad.safetensors")
+    single, two = (run_cli(launcher, *args, cwd=work) for launcher in (SINGLE, TORCHRUN))
+    assert single.returncode == 2 and two.returncode == 1
+    assert "exitcode  : 2" in two.stderr  # torchrun's summary of the failed processes
+    errors = [line for line in two.stderr.splitlines() if line.startswith("Error:")]
+    assert errors == [line for line in single.stderr.splitlines() if line.startswith("Error:")]
+    assert len(errors) == 1 and "'--max-length'" in errors[0] and "100000 slots exceed" in errors[0], errors
     assert outputs(work) == before
 
 
