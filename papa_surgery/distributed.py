@@ -11,7 +11,8 @@ of ``(error, payload)``), so a rank that fails anywhere takes part in exactly on
 error, and every other rank raises :class:`RemoteFailure` from its next exchange instead of hanging.
 :func:`shared_failures` does that for a block; :func:`scale_out` for a whole command. Rank 0 alone writes
 outputs (:func:`is_main_process`); the command's last exchange is the barrier after it wrote, so all ranks
-exit together with the same status.
+exit together with the same status. A failed command also ends with an exchange, after rank 0 said the error:
+the launcher stops every process once one exits, and rank 0 must not be stopped before it said what failed.
 
 Nothing here imports torch at module level (``papa-surgery --help`` stays fast).
 """
