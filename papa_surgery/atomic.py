@@ -84,6 +84,24 @@ def signals_raise() -> Iterator[None]:
             signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
 
 
+def end_on_signals(code: int) -> None:
+    """From now on SIGTERM and SIGHUP end this process at once with ``code``, saying nothing.
+
+    For a process of a launched run that already failed and said so: the launcher stops the remaining
+    processes once one exits, and that stop is not a second error (nothing is left to clean up).
+    Only the main thread can install handlers; elsewhere this does nothing.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return
+
+    def end(signum, frame):
+        sys.stderr.flush()
+        os._exit(code)
+
+    for signum in _HANDLED_SIGNALS:
+        signal.signal(signum, end)
+
+
 def _raise_terminated(signum, frame):
     raise Terminated(signum)
 

@@ -16,11 +16,11 @@ from .cli_experiments import finetune, probe, progress_of, report
 from .command_line import command_line as _command_line
 from .command_line import show_user_warnings
 from .distributed import is_main_process, scale_out
+from .failures import shown_error
 from .options import (
     CalibrationOptions,
     ConvertOptions,
     DistillOptions,
-    OptionError,
     PushOptions,
     RankOptions,
     RunOptions,
@@ -43,43 +43,11 @@ class PapaGroup(click.Group):
         except Terminated as stop:
             click.echo(f"Error: {stop}; partial outputs were removed", err=True)
             raise
-        except Exception as err:
-            shown = failure(ctx, err)
+        except Exception as err:  # a failed run: one line, no traceback unless --verbose
+            shown = shown_error(err, verbose=bool(ctx.obj and ctx.obj.get("verbose")))
             if shown is None:
                 raise
             raise shown from None
-
-
-def failure(ctx, err: Exception) -> click.ClickException | None:
-    """What a failed run shows: one line and exit 1, a bad option as exit 2; ``None`` under --verbose (traceback).
-
-    Used for one process by :class:`PapaGroup`, and under a launcher by rank 0, which says the run's error while
-    the other processes still wait for it (:func:`papa_surgery.distributed.scale_out`).
-    """
-    from .distributed import RemoteFailure
-
-    if isinstance(err, click.ClickException):
-        return err
-    if ctx.find_root().obj and ctx.find_root().obj.get("verbose"):
-        return None
-    if isinstance(err, OptionError):
-        return click.BadParameter(err.detail, param_hint=f"'{err.option}'")
-    if isinstance(err, RemoteFailure) and err.usage:  # another process's bad option: bad usage here too
-        return click.UsageError(str(err))
-    message = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-    return click.ClickException(message)
-
-
-def report_failure(ctx, err: Exception) -> int:
-    """Say a failed run's error as :class:`PapaGroup` would (the traceback under --verbose); its exit status."""
-    shown = failure(ctx, err)
-    if shown is None:
-        import traceback
-
-        traceback.print_exception(err)
-        return 1
-    shown.show()
-    return shown.exit_code
 
 
 def _given(ctx, name: str) -> bool:

@@ -27,20 +27,15 @@ import os
 import sys
 from collections.abc import Callable, Iterator
 
+from .atomic import end_on_signals
+from .failures import RemoteFailure, exit_status, is_usage_error, report
+
 logger = logging.getLogger("papa_surgery")
 
 RANK_VARS = ("RANK", "PMI_RANK", "OMPI_COMM_WORLD_RANK", "MV2_COMM_WORLD_RANK")
 WORLD_VARS = ("WORLD_SIZE", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE")
 LOCAL_RANK_VARS = ("LOCAL_RANK", "MPI_LOCALRANKID", "OMPI_COMM_WORLD_LOCAL_RANK", "MV2_COMM_WORLD_LOCAL_RANK")
 _SHARED = "_papa_shared_failure"  # set on an exception every rank already knows about
-
-
-class RemoteFailure(RuntimeError):
-    """Another process of the run failed; ``rank`` is the first that did, ``message`` its error."""
-
-    def __init__(self, rank: int, world: int, message: str, usage: bool = False):
-        self.rank, self.world, self.message, self.usage = rank, world, message, usage
-        super().__init__(f"process {rank} of {world} failed: {message}")
 
 
 def _env_int(names: tuple[str, ...], default: int | None = None) -> int | None:
@@ -155,7 +150,7 @@ def exchange(payload=None, error: BaseException | None = None) -> list:
     if error is not None:
         message = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
     gathered: list = [None] * dist.get_world_size()
-    usage = error is not None and _is_usage_error(error)
+    usage = error is not None and is_usage_error(error)
     dist.all_gather_object(gathered, (message, usage, payload))
     if error is not None:
         raise _shared(error)
@@ -227,7 +222,8 @@ def _run_rank(ctx, command: Callable, args, kwargs) -> int:
     """Run the command as this process of the group; the exit status (one process raises its own errors).
 
     In a group, rank 0 says a failed run's error before any process leaves: the launcher stops the other
-    processes as soon as one exits, which would cut rank 0 off before it said what went wrong.
+    processes as soon as one exits, which would cut rank 0 off before it said what went wrong. Once it is
+    said, that stop (SIGTERM) ends a process silently with the run's status instead of as a second error.
     """
     with process_group():
         main = is_main_process()
@@ -240,10 +236,10 @@ def _run_rank(ctx, command: Callable, args, kwargs) -> int:
         except Exception as err:
             if _dist() is None:
                 raise  # one process: the command line reports it
-            from .cli import failure, report_failure
-
-            shown = failure(ctx, err)
-            code = report_failure(ctx, err) if main or shown is None else shown.exit_code
+            verbose = bool(ctx.obj.get("verbose"))
+            code = report(err, verbose) if main or verbose else exit_status(err)  # rank 0 speaks for the run
+            # Said: the launcher's SIGTERM, sent once any process exits, now ends this one without a word.
+            end_on_signals(code)
             _after_report()
             return code
 
@@ -280,14 +276,6 @@ def _quiet_rank(ctx) -> None:
     warnings.simplefilter("ignore")
     os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
     os.environ["TRANSFORMERS_VERBOSITY"] = "error"
-
-
-def _is_usage_error(err: BaseException) -> bool:
-    import click
-
-    from .options import OptionError
-
-    return isinstance(err, (click.UsageError, OptionError))
 
 
 @contextlib.contextmanager

@@ -33,21 +33,25 @@ ACCELERATE = [
 ]  # fmt: skip
 LAUNCHERS = {"torchrun": TORCHRUN, "accelerate": ACCELERATE}
 LAUNCHER_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "GROUP_RANK")
-FAIL_HOOK = """
+RANK_HOOK = """
 import importlib
 import os
 import time
 
-if os.environ.get("RANK") == "0":  # rank 0 hears of the failure late: rank 1 must not exit before rank 0 said it
+if os.environ.get("RANK") == "0":  # rank 0 is slow, before and after it says the error: rank 1 exits meanwhile
     distributed = importlib.import_module("papa_surgery.distributed")
-    real_failure = distributed.RemoteFailure.__init__
+    real_failure, real_leave = distributed.RemoteFailure.__init__, distributed._leave
 
     def late_failure(self, *args, **kwargs):
         time.sleep(1.0)  # ten of torchrun's monitor intervals: it stops the other ranks once one has exited
         real_failure(self, *args, **kwargs)
 
-    distributed.RemoteFailure.__init__ = late_failure
-if os.environ.get("RANK") == "1":  # rank 1 alone fails, at the step PAPA_TEST_FAIL names
+    def late_leave(*args, **kwargs):
+        time.sleep(1.0)  # torchrun's SIGTERM arrives here, after the error was said: not a second error
+        real_leave(*args, **kwargs)
+
+    distributed.RemoteFailure.__init__, distributed._leave = late_failure, late_leave
+if os.environ.get("RANK") == "1" and os.environ.get("PAPA_TEST_FAIL"):  # rank 1 alone fails, at this step
     calibrate = importlib.import_module("papa_surgery.calibrate")  # the module, not the function of that name
     pipeline = importlib.import_module("papa_surgery.pipeline")
 
@@ -261,25 +265,30 @@ def test_distill_under_torchrun_steps_on_both_shards(work, single_constants, tmp
     assert gap(two, both) < 1e-4 < gap(two, own_shard) / 100
 
 
+def hooked(tmp_path: Path, fail: str = "") -> dict:
+    """The environment that runs RANK_HOOK in every process: rank 0 slow, rank 1 failing at ``fail`` (if given)."""
+    (tmp_path / "sitecustomize.py").write_text(RANK_HOOK)
+    return {"PYTHONPATH": os.pathsep.join([str(REPO_ROOT), str(tmp_path)]), "PAPA_TEST_FAIL": fail}
+
+
 @pytest.mark.parametrize("step", ["preflight", "calibration"])
 def test_a_failure_on_one_rank_ends_both_and_writes_nothing(work, tmp_path, step):
-    (tmp_path / "sitecustomize.py").write_text(FAIL_HOOK)
-    hooks = {"PYTHONPATH": os.pathsep.join([str(REPO_ROOT), str(tmp_path)]), "PAPA_TEST_FAIL": step}
     before = outputs(work)
     result = run_cli(TORCHRUN, "calibrate", "bert", "--corpus", "corpus.txt", "--max-length", 32, "--batch-size", 4,
-                     "--out", "failed.safetensors", cwd=work, extra_env=hooks)  # fmt: skip
+                     "--out", "failed.safetensors", cwd=work, extra_env=hooked(tmp_path, step))  # fmt: skip
     assert result.returncode == 1
     errors = [line for line in result.stderr.splitlines() if line.startswith("Error:")]
     assert errors == ["Error: process 1 of 2 failed: injected failure on rank 1"]  # said once, by rank 0
     assert outputs(work) == before
 
 
-def test_a_bad_option_under_torchrun_is_said_once_as_bad_usage(work):
+def test_a_bad_option_under_torchrun_is_said_once_as_bad_usage(work, tmp_path):
     """Bad usage found inside the command (more slots than the model has positions) on every rank: said once, by
     rank 0, as one process says it; nothing written. (torchrun exits 1 for any failed process; each exits 2.)"""
     before = outputs(work)
     args = ("calibrate", "bert", "--corpus", "corpus.txt", "--max-length", 100_000, "--out", "bad.safetensors")
-    single, two = (run_cli(launcher, *args, cwd=work) for launcher in (SINGLE, TORCHRUN))
+    single = run_cli(SINGLE, *args, cwd=work)
+    two = run_cli(TORCHRUN, *args, cwd=work, extra_env=hooked(tmp_path))  # rank 0 slow to leave
     assert single.returncode == 2 and two.returncode == 1
     assert "exitcode  : 2" in two.stderr  # torchrun's summary of the failed processes
     errors = [line for line in two.stderr.splitlines() if line.startswith("Error:")]
