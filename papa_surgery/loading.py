@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 
 from .architectures import get_family, is_papa_config
+from .failures import one_line
 
 logger = logging.getLogger("papa_surgery")
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
@@ -166,7 +167,7 @@ def _not_found(name: str, err: Exception, local_only: bool) -> str:
         )
     if "/" not in name:
         return f"{name!r} is neither a local folder nor a model on the Hugging Face Hub{_suggest(name)}"
-    first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    first = one_line(err)
     return f"could not load model {name!r}: {first}"
 
 
