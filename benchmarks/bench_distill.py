@@ -24,10 +24,10 @@ from pathlib import Path
 
 import torch
 
-from papa_surgery.calibrate import calibrate
-from papa_surgery.convert import convert
-from papa_surgery.coverage import CoverageWarning
-from papa_surgery.distill import distill
+from papa_surgery.calibration.average import calibrate
+from papa_surgery.calibration.coverage import CoverageWarning
+from papa_surgery.conversion.surgery import convert
+from papa_surgery.healing.distillation import distill
 
 
 def agreement(model, papa, tokenizer, texts, max_length: int, batch: int = 32) -> tuple[float, float]:

@@ -21,8 +21,8 @@ import torch
 from timing import interleaved_medians
 from transformers import BertConfig, BertForSequenceClassification
 
-from papa_surgery.constants import Constants
-from papa_surgery.convert import convert
+from papa_surgery.calibration.constants import Constants
+from papa_surgery.conversion.surgery import convert
 
 
 def flop_limit(fraction: float, d: int = 768, n: int = 128) -> float:

@@ -21,8 +21,8 @@ import torch
 from timing import interleaved_medians
 from transformers import ModernBertConfig, ModernBertModel
 
-from papa_surgery.constants import Constants
-from papa_surgery.convert import convert
+from papa_surgery.calibration.constants import Constants
+from papa_surgery.conversion.surgery import convert
 
 
 def flops_per_token(config, n: int, constant: bool, keys: int) -> float:

@@ -23,8 +23,9 @@ from pathlib import Path
 import torch
 from transformers import AutoModel, AutoTokenizer
 
-from papa_surgery.probe import get_task, load_split, probe
-from papa_surgery.probe.features import encode_split, length_batches, pad_batch
+from papa_surgery.probing import probe
+from papa_surgery.probing.features import encode_split, length_batches, pad_batch
+from papa_surgery.tasks import get_task, load_split
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = Path(os.environ.get("PAPA_SHARED_DATA", REPO.parent / "shared" / "data"))

@@ -19,9 +19,10 @@ import torch
 from transformers import BertConfig, BertModel
 from transformers.utils import logging as hf_logging
 
-from papa_surgery.constants import Constants
-from papa_surgery.convert import convert, save_checkpoint
-from papa_surgery.finetune.cost import folder_bytes
+from papa_surgery.calibration.constants import Constants
+from papa_surgery.conversion.checkpoint import save_checkpoint
+from papa_surgery.conversion.surgery import convert
+from papa_surgery.finetuning.cost import folder_bytes
 
 
 def main() -> None:

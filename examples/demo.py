@@ -21,9 +21,9 @@ from pathlib import Path
 
 from click.testing import CliRunner
 
+from papa_surgery.calibration.corpus import default_corpus_path
 from papa_surgery.cli import main as cli
-from papa_surgery.corpus import default_corpus_path
-from papa_surgery.sources import embedded_model_path
+from papa_surgery.models.sources import embedded_model_path
 
 SENTENCES = [
     "Constant attention matrices replace half of the heads.",

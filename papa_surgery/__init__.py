@@ -8,15 +8,16 @@
     papa = papa_surgery.convert(model, constants, ranking, fraction=0.5, tokenizer=tok)
     papa_surgery.save(papa, "minilm-papa-0.5", tokenizer=tok)
 
-The workflow (:mod:`papa_surgery.api`) and the ``Constants`` / ``Ranking`` objects load on first use
-(PEP 562), so ``import papa_surgery`` and ``papa-surgery --help`` do not import torch.
+The workflow functions (:mod:`papa_surgery.api`) and the ``Constants`` / ``Ranking`` objects load on first
+use (PEP 562), so ``import papa_surgery`` and ``papa-surgery --help`` do not import torch.
 
-``papa_surgery.calibrate``, ``convert``, ``probe`` and ``finetune`` are the workflow functions;
-the modules of the same names stay importable as ever (``from papa_surgery.convert import save_checkpoint``).
+The package reads top to bottom as the data flows, one subpackage per stage: ``calibration`` (text ->
+Constants), ``ranking`` (which heads first), ``conversion`` (-> a PAPA model and its checkpoint), ``healing``
+(training it toward its source), ``tasks`` (labelled data and metrics), ``probing`` and ``finetuning`` (the
+two protocols), ``experiments`` (sweeps and results), ``report`` and ``analysis``; ``workflow`` runs the
+stages for the Python API (``api``) and the command line (``cli``); ``registry`` and ``options`` hold the
+facts and options every front end shares; ``hub_code`` is the code shipped inside every checkpoint.
 """
-
-import sys
-import types
 
 __version__ = "0.1.0"
 
@@ -24,14 +25,14 @@ __version__ = "0.1.0"
 _LAZY = {
     "load": "api",
     "calibrate": "api",
-    "distill": "distill",
     "rank": "api",
     "convert": "api",
     "save": "api",
     "probe": "api",
     "finetune": "api",
     "analyze": "api",
-    "Constants": "constants",
+    "distill": "healing",
+    "Constants": "calibration",
     "Ranking": "ranking",
 }
 
@@ -50,16 +51,3 @@ def __getattr__(name: str):
 
 def __dir__() -> list[str]:
     return sorted({*globals(), *_LAZY})
-
-
-class _Package(types.ModuleType):
-    """Keeps the workflow functions ``calibrate``, ``convert``, ``probe`` and ``finetune`` the package's attributes
-    when the submodules of the same names are imported (the import system would otherwise bind the modules here)."""
-
-    def __setattr__(self, name: str, value) -> None:
-        if name in _LAZY and isinstance(value, types.ModuleType):
-            return
-        super().__setattr__(name, value)
-
-
-sys.modules[__name__].__class__ = _Package

@@ -3,29 +3,32 @@
     import papa_surgery
 
     model, tok = papa_surgery.load("sentence-transformers/all-MiniLM-L6-v2")
-    constants = papa_surgery.calibrate(model, tok, max_examples=1000)      # the bundled corpus by default
+    constants = papa_surgery.calibrate(model, tok, max_examples=1000)      # the default corpus
     ranking = papa_surgery.rank("variance", constants=constants)           # shapes come from the constants
     papa = papa_surgery.convert(model, constants, ranking, fraction=0.5, tokenizer=tok)
     papa_surgery.save(papa, "minilm-papa-0.5", tokenizer=tok)              # weights, code, recipe, card
 
-Each call takes what its objects already know from them (a ranking's method, the constants' shape, the
-heads from ``ranking.select(fraction)``) and wraps the module that does the work (``calibrate.py``,
-``rank_methods.py``, ``convert.py``, ``probe``, ``analysis``).
+Each call checks its arguments with the options the CLI uses (:mod:`papa_surgery.options`: the same click
+types, errors naming the argument) and runs the one workflow (:class:`papa_surgery.workflow.Workflow`).
 """
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from . import registry
+from .options import ArgumentError, ArgumentTypeError, CalibrationOptions, ConvertOptions, RunOptions
 
 if TYPE_CHECKING:
     from torch import nn
 
-    from .constants import Constants
-    from .ranking import Ranking
+    from .calibration.constants import Constants
+    from .ranking.order import Ranking
 
-__all__ = ["analyze", "calibrate", "convert", "load", "probe", "rank", "save"]
+__all__ = ["analyze", "calibrate", "convert", "finetune", "load", "probe", "rank", "save"]
+
+_DTYPE_ALIASES = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
 
 
 def load(
@@ -48,18 +51,57 @@ def load(
     Raises:
         ValueError: an architecture papa-surgery does not support (the message lists those it does).
     """
-    from .loading import load_source
-    from .sources import resolve_model
+    from .models.loading import load_source
+    from .models.sources import resolve_model
 
     return load_source(
         resolve_model(name_or_path), auto_class=auto_class, revision=revision, dtype=dtype, device=device
     )
 
 
-def _constants(constants: Constants | str | Path) -> Constants:
-    from .constants import Constants
+def _model(model) -> None:
+    """TypeError unless ``model`` is a torch module with a config; ValueError for an unsupported family."""
+    from torch import nn
 
-    return constants if isinstance(constants, Constants) else Constants.load(constants)
+    from .models.families import get_family
+
+    if not isinstance(model, nn.Module) or not hasattr(model, "config"):
+        raise ArgumentTypeError(
+            "model", f"must be a transformers model (e.g. from papa_surgery.load), got {_what(model)}"
+        )
+    get_family(model)
+
+
+def _tokenizer(tokenizer, required: bool = True) -> None:
+    from transformers import PreTrainedTokenizerBase
+
+    if tokenizer is None and not required:
+        return
+    if not isinstance(tokenizer, PreTrainedTokenizerBase):
+        raise ArgumentTypeError(
+            "tokenizer",
+            f"must be a transformers tokenizer (e.g. AutoTokenizer.from_pretrained), got {_what(tokenizer)}",
+        )
+
+
+def _what(value) -> str:
+    return "None" if value is None else f"the {type(value).__name__} {value!r}"[:120]
+
+
+def _constants(constants: Constants | str | Path) -> Constants:
+    from .calibration.constants import Constants
+
+    if isinstance(constants, Constants):
+        return constants
+    if isinstance(constants, (str, Path)):
+        return Constants.load(constants)
+    raise ArgumentTypeError("constants", f"must be Constants or the path of a constants file, got {_what(constants)}")
+
+
+def _workflow(model, tokenizer, source_name=None, run: RunOptions | None = None, progress: bool = True):
+    from .workflow import Workflow
+
+    return Workflow(model, tokenizer, source_name=source_name, run=run, progress=progress)
 
 
 def calibrate(
@@ -84,54 +126,35 @@ def calibrate(
         model: a source model of a supported family.
         tokenizer: its tokenizer.
         corpus: a text file (one example per line, a TAB separates a pair), a ``datasets`` folder or file, a
-            Hub spec ``name[:config]:split:column``, or a list of strings / pairs; default: the bundled
-            WikiText-2 excerpt.
+            Hub spec ``name[:config]:split:column``, or a list of strings / pairs; default: the one default
+            corpus (WikiText-103 train from the Hub; offline, the bundled WikiText-2 excerpt).
         kind: ``average`` (the paper's), ``norm-average`` or ``effective-average`` (averaged over the corpus), or a
             data-free kind (``identity``, ``toeplitz``, ``zeros``, ``uniform``) that reads no corpus.
-        max_length: L, the number of slots.
+        max_length: L, the number of slots (at most the model's positions).
         pairs: the corpus holds sentence pairs.
         batch_size, max_examples, device, progress: how the pass runs.
         source_name: the source's Hub id, recorded in the provenance (default: the model's ``name_or_path``).
 
     Raises:
-        ValueError: an unknown kind, an unsupported model, or a corpus that gives no examples.
+        ValueError: an unknown kind, an unsupported model, a bad value (naming the argument), or a corpus that
+            gives no examples.
+        TypeError: an argument of the wrong type (a tokenizer that is not one, ``max_length="128"``...).
     """
-    from .constants import ANALYSIS_KINDS, DATA_FREE_KINDS, Constants
+    from .workflow.preflight import check_max_length
 
-    if kind in DATA_FREE_KINDS:
-        from .architectures import num_heads_layers
-
-        heads, layers = num_heads_layers(model.config)
-        source = source_name or getattr(model.config, "_name_or_path", None)
-        return Constants.from_kind(kind, layers, heads, max_length, source_model=source)
-    if kind == "distilled":
+    _model(model)
+    _tokenizer(tokenizer)
+    chosen = registry.kind(kind)
+    if chosen.made == registry.TRAINED:
         raise ValueError(
             "distilled constants are trained for the heads being made constant: calibrate the average, then "
             "papa_surgery.distill(model, tokenizer, corpus, constants, heads)"
         )
-    if kind != "average" and kind not in ANALYSIS_KINDS:
-        choices = ", ".join(("average", *ANALYSIS_KINDS, *DATA_FREE_KINDS))
-        raise ValueError(f"unknown constant kind {kind!r}; choose one of {choices}")
-    from .analysis import corpus_constants
-    from .corpus import default_corpus
-
-    if corpus is None:
-        if pairs:
-            raise ValueError("pairs=True needs a corpus of sentence pairs (the bundled corpus is single sentences)")
-        corpus = default_corpus(max_examples=max_examples)
-    return corpus_constants(
-        kind,
-        model,
-        tokenizer,
-        corpus,
-        max_length=max_length,
-        pairs=pairs,
-        batch_size=batch_size,
-        max_examples=max_examples,
-        device=device,
-        progress=progress,
-        source_name=source_name,
-    )
+    cal = CalibrationOptions(max_length=max_length, pairs=pairs, max_examples=max_examples)
+    run = RunOptions(device=device, batch_size=batch_size)
+    check_max_length(model.config, cal.max_length, source_name or getattr(model.config, "_name_or_path", "the model"))
+    flow = _workflow(model, tokenizer, source_name, run, progress)
+    return flow.constants(chosen.name, corpus=corpus, max_length=cal.max_length, pairs=pairs, max_examples=max_examples)
 
 
 def rank(
@@ -159,27 +182,40 @@ def rank(
         task, data_dir: the labelled task the lambdas learn on, and a local data folder (default: the Hub).
         seed: the ``random`` permutation's seed; the lambda probe's seed.
         **options: lambda training options (steps, epochs, lr, lambda_lr, batch_size, max_train_examples,
-            device, progress; see :class:`papa_surgery.lambda_rank.LambdaOptions`).
+            device, progress; see :class:`papa_surgery.ranking.lambdas.LambdaOptions`).
 
     Raises:
         FileNotFoundError: ``constants`` names a file that does not exist.
         ValueError: an unknown method (with a suggestion), a learned method without a task or model, or
             missing constants.
     """
-    from .rank_methods import label_free_ranking, rank_heads
-    from .ranking import check_rank_inputs
-
-    check_rank_inputs(method, task)
+    chosen = registry.check_method(method, task)
     constants = None if constants is None else _constants(constants)
-    if model is not None:
-        return rank_heads(
-            method, model, tokenizer, constants=constants, task=task, data_dir=data_dir, seed=seed, **options
+    if model is None:
+        if chosen.task:
+            raise ArgumentError(
+                "model", f"the {method!r} ranking trains on the model: pass the model and its tokenizer"
+            )
+        if constants is None:
+            raise ArgumentError(
+                "constants", f"the {method!r} ranking needs constants (or the model) to know the number of heads"
+            )
+        from .ranking.methods import label_free_ranking
+
+        return label_free_ranking(method, constants=constants, seed=seed)
+    _model(model)
+    _tokenizer(tokenizer, required=chosen.task)
+    if chosen.constants is not None and constants is None:
+        raise ArgumentError(
+            "constants",
+            f"the {method!r} ranking reads {chosen.constants} constants of this model: pass "
+            f"constants=papa_surgery.calibrate(model, tokenizer, kind={chosen.constants!r})",
         )
-    if task is not None:
-        raise ValueError(f"the {method!r} ranking trains on the model: pass the model and its tokenizer")
-    if constants is None:
-        raise ValueError(f"the {method!r} ranking needs constants (or the model) to know the number of heads")
-    return label_free_ranking(method, constants=constants, seed=seed)
+    if constants is not None:
+        constants.check_compatible(model.config)
+    run = RunOptions(seed=seed, **{k: options.pop(k) for k in ("batch_size", "device") if options.get(k) is not None})
+    flow = _workflow(model, tokenizer, options.pop("source_name", None), run, options.pop("progress", True))
+    return flow.ranking(method, task=task, data_dir=data_dir, constants=constants, seed=seed, **options)
 
 
 def convert(
@@ -208,7 +244,7 @@ def convert(
         trainable_constants: give the constants gradients.
         source_name: the source's Hub id, for the provenance.
         storage: ``"dense"``, ``"compact"`` or ``"auto"`` (dense up to L=128, compact above): see
-            :func:`papa_surgery.convert.convert`. The model computes with the compacted matrices.
+            :func:`papa_surgery.conversion.surgery.convert`. The model computes with the compacted matrices.
 
     Returns:
         The PAPA model (``Papa<Class>``), in eval mode. ``model.papa_recipe`` holds what :func:`save` writes
@@ -217,32 +253,37 @@ def convert(
     Raises:
         FileNotFoundError: a constants or ranking file that does not exist.
         ValueError: a fraction outside [0, 1], or constants / a ranking made for another model.
+        TypeError: an argument of the wrong type (``fraction="0.5"``, ``ranking=None``...).
     """
-    from .convert import build_recipe
-    from .convert import convert as convert_heads
-    from .ranking import Ranking, check_fraction
+    from .ranking.order import Ranking
 
-    fraction = check_fraction(fraction)
+    _model(model)
+    _tokenizer(tokenizer, required=False)
+    options = ConvertOptions(
+        fraction=fraction,
+        dtype=_DTYPE_ALIASES.get(dtype, dtype),
+        storage=storage,
+        trainable_constants=trainable_constants,
+    )
     constants = _constants(constants)
+    flow = _workflow(model, tokenizer, source_name)
     if isinstance(ranking, (str, Path)) and (str(ranking).endswith(".json") or Path(ranking).exists()):
         ranking = Ranking.load(ranking)
     elif isinstance(ranking, str):
-        ranking = rank(ranking, model, tokenizer, constants=constants)
-    ranking.check_compatible(model.config)
-    papa = convert_heads(
-        model,
+        ranking = flow.ranking(ranking, constants=constants)
+    elif not isinstance(ranking, Ranking):
+        raise ArgumentTypeError(
+            "ranking",
+            f"must be a Ranking, a ranking file (.json) or a method name such as 'variance', got {_what(ranking)}",
+        )
+    return flow.convert(
         constants,
-        ranking.select(fraction),
-        tokenizer=tokenizer,
-        method=ranking.method,
-        fraction=fraction,
-        dtype=dtype,
-        trainable_constants=trainable_constants,
-        source_name=source_name,
-        storage=storage,
+        ranking,
+        options.fraction,
+        dtype=options.dtype,
+        storage=options.storage,
+        trainable_constants=options.trainable_constants,
     )
-    papa.papa_recipe = build_recipe(papa, constants, ranking)
-    return papa
 
 
 def save(
@@ -258,12 +299,15 @@ def save(
     ``papa_recipe.json`` (the provenance :func:`convert` recorded) and a model card; all or nothing.
 
     ``AutoModel.from_pretrained(out_dir, trust_remote_code=True)`` loads it without papa-surgery installed.
+    ``overwrite=True`` replaces only an earlier PAPA checkpoint papa-surgery wrote there.
 
     Raises:
-        ValueError: ``out_dir`` exists (pass ``overwrite=True``), or ``model`` is not a PAPA model.
+        ValueError: ``out_dir`` holds something else (or a checkpoint, without ``overwrite``), or ``model`` is not
+            a PAPA model.
     """
-    from .convert import save_checkpoint
+    from .conversion.checkpoint import save_checkpoint
 
+    _tokenizer(tokenizer, required=False)
     recipe = getattr(model, "papa_recipe", None)
     return save_checkpoint(
         model, out_dir, tokenizer=tokenizer, recipe=recipe, overwrite=overwrite, card=card, results=results
@@ -273,15 +317,17 @@ def save(
 def probe(model: nn.Module, tokenizer: Any, task: str, **options: Any) -> dict:
     """Score the frozen ``model`` on ``task`` with the paper's probe (``papa-surgery probe``, one cell).
 
-    ``options`` are :func:`papa_surgery.probe.probe`'s: ``data_dir``, ``seed``, ``max_train_examples``,
+    ``options`` are :func:`papa_surgery.probing.probe`'s: ``data_dir``, ``seed``, ``max_train_examples``,
     ``max_eval_examples``, ``epochs``, ``batch_size``, ``lr``, ``max_length``, ``device``, ``progress``.
     Returns the result row (``score``, ``metric``, ``examples``, ...).
 
     Raises:
         ValueError: an unknown task (with a suggestion), missing data, or an input that does not fit.
     """
-    from .probe import probe as run_probe
+    from .probing import probe as run_probe
 
+    _model(model)
+    _tokenizer(tokenizer)
     return run_probe(model, tokenizer, task, **options)
 
 
@@ -290,7 +336,7 @@ def finetune(model: nn.Module, tokenizer: Any, task: str, **options: Any) -> dic
 
     The model is saved and reloaded with the family's stock head (``AutoModelForSequenceClassification`` or
     ``AutoModelForTokenClassification``) and trained with ``transformers.Trainer``; ``model`` is unchanged.
-    ``options``: the hyperparameters of :class:`papa_surgery.finetune.FinetuneOptions` (``epochs``, ``lr``,
+    ``options``: the hyperparameters of :class:`papa_surgery.options.FinetuneOptions` (``epochs``, ``lr``,
     ``batch_size``, ``weight_decay``, ``warmup_ratio``, ``eval_batch_size``, ``early_stopping_patience``,
     ``trainable_constants``, ``max_length``) and ``data_dir``, ``seed``, ``max_train_examples``,
     ``max_eval_examples``, ``device``, ``progress``. Returns the score and the cost (examples per second for
@@ -301,9 +347,11 @@ def finetune(model: nn.Module, tokenizer: Any, task: str, **options: Any) -> dic
     """
     from dataclasses import fields
 
-    from .finetune import FinetuneOptions
-    from .finetune import finetune as run_finetune
+    from .finetuning import finetune as run_finetune
+    from .options import FinetuneOptions
 
+    _model(model)
+    _tokenizer(tokenizer)
     names = {f.name for f in fields(FinetuneOptions)}
     hyper = {k: options.pop(k) for k in list(options) if k in names}
     return run_finetune(model, tokenizer, task, options=FinetuneOptions(**hyper), **options)
@@ -321,9 +369,9 @@ def analyze(
 
     Writes ``summary.json``, the corpus averages as constants (``norm-average.safetensors`` /
     ``effective-average.safetensors``), the figures and, for norms, ``norm-ranking.json`` into ``out_dir``.
-    ``corpus=None`` reads the bundled WikiText-2 excerpt. ``options`` are
-    :func:`papa_surgery.analysis.analyze`'s (max_length, batch_size, max_examples, pairs, device, progress,
-    source_name, heads, figures). The model's mode and device are left as they were.
+    ``corpus=None`` reads the default corpus. ``options`` are :func:`papa_surgery.analysis.analyze`'s
+    (max_length, batch_size, max_examples, pairs, device, progress, source_name, heads, figures). The model's
+    mode and device are left as they were.
 
     Returns:
         The summary, with ``"files"`` listing what was written.
@@ -331,20 +379,8 @@ def analyze(
     Raises:
         ValueError: an unknown analysis, or a corpus that gives no examples.
     """
-    from .analysis import analyze as run_analysis
-    from .constants import Constants
-    from .distributed import is_main_process
+    from .workflow.steps import analyze as run_analysis
 
-    if corpus is None:
-        from .corpus import default_corpus
-
-        corpus = default_corpus(max_examples=options.get("max_examples"))
-    summary = run_analysis(model, tokenizer, corpus, which, out_dir, **options)
-    if which == "norms" and is_main_process():  # under torch.distributed rank 0 alone writes
-        from .rank_methods import norm_ranking
-
-        out_dir = Path(out_dir)
-        norm_ranking(Constants.load(out_dir / "norm-average.safetensors")).save(out_dir / "norm-ranking.json")
-        summary["files"].insert(-1, "norm-ranking.json")
-        (out_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    return summary
+    _model(model)
+    _tokenizer(tokenizer)
+    return run_analysis(model, tokenizer, corpus, which, out_dir, **options)

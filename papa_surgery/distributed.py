@@ -27,8 +27,8 @@ import os
 import sys
 from collections.abc import Callable, Iterator
 
-from .atomic import end_on_signals
 from .failures import RemoteFailure, exit_status, is_usage_error, one_line, report
+from .outputs.signals import end_on_signals
 
 logger = logging.getLogger("papa_surgery")
 

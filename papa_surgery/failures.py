@@ -1,18 +1,73 @@
 """How a failed command ends: the one line it shows (the traceback with ``--verbose``) and its exit status.
 
-Exit statuses: 1 for a failed run, 2 for bad usage (a click usage error or an :class:`OptionError`, here or in
-another process of the run). The command line (:class:`papa_surgery.cli.PapaGroup`) uses this for one
-process; under a launcher rank 0 uses it to say the run's error while the other processes wait
-(:func:`papa_surgery.distributed.scale_out`). Nothing here imports torch or click at module level.
+Exit statuses: 1 for a failed run, 2 for bad usage (a click usage error or an :class:`ArgumentError` of the
+library, here or in another process of the run). The command line (:class:`papa_surgery.cli.context.PapaGroup`)
+uses this for one process; under a launcher rank 0 uses it to say the run's error while the other processes
+wait (:func:`papa_surgery.distributed.scale_out`).
+
+The library's own errors about a bad argument are :class:`ArgumentError` / :class:`ArgumentTypeError`, in the
+words of the front end in use: :func:`spell` writes ``overwrite=True`` in Python and ``--overwrite`` inside
+:func:`command_line_spelling` (every CLI command). Nothing here imports torch or click at module level.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import sys
-from typing import TYPE_CHECKING
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import click
+
+
+class ArgumentError(ValueError):
+    """A bad value for one argument, in the library's words; the CLI shows it as bad usage of the matching flag."""
+
+    def __init__(self, argument: str, detail: str):
+        self.argument, self.detail = argument, detail
+        super().__init__(f"{argument}: {detail}")
+
+
+class ArgumentTypeError(TypeError):
+    """An argument of the wrong type (``fraction="0.5"``); only the Python API can pass one."""
+
+    def __init__(self, argument: str, detail: str):
+        self.argument, self.detail = argument, detail
+        super().__init__(f"{argument}: {detail}")
+
+
+_CLI = contextvars.ContextVar("papa_cli_spelling", default=False)
+
+
+def flag(name: str) -> str:
+    """The command-line flag of argument ``name`` (``max_length`` -> ``--max-length``)."""
+    return "--" + name.replace("_", "-")
+
+
+def spell(name: str, value: Any = None) -> str:
+    """How the user passes argument ``name`` (with ``value``) in the front end in use.
+
+    ``spell("overwrite", True)`` is ``overwrite=True`` in Python and ``--overwrite`` on the command line;
+    ``spell("max_length", 512)`` is ``max_length=512`` / ``--max-length 512``; ``spell("task")`` is
+    ``task=...`` / ``--task``.
+    """
+    if _CLI.get():
+        if value is True:
+            return flag(name)
+        return flag(name) if value is None else f"{flag(name)} {value}"
+    return f"{name}=..." if value is None else f"{name}={value!r}"
+
+
+@contextlib.contextmanager
+def command_line_spelling() -> Iterator[None]:
+    """Within it, :func:`spell` writes flags (the CLI wraps every command in it)."""
+    token = _CLI.set(True)
+    try:
+        yield
+    finally:
+        _CLI.reset(token)
 
 
 class RemoteFailure(RuntimeError):
@@ -30,26 +85,22 @@ def one_line(err: BaseException) -> str:
 
 
 def is_usage_error(err: BaseException) -> bool:
-    """Whether ``err`` is bad usage (exit 2): a click usage error or an :class:`OptionError`."""
+    """Whether ``err`` is bad usage (exit 2): a click usage error or an argument error of the library."""
     import click
 
-    from .options import OptionError
-
-    return isinstance(err, (click.UsageError, OptionError))
+    return isinstance(err, (click.UsageError, ArgumentError, ArgumentTypeError))
 
 
 def shown_error(err: Exception, verbose: bool = False) -> click.ClickException | None:
     """The click error a failed run shows: one line, exit 1; bad usage exit 2. ``None`` when ``verbose`` (traceback)."""
     import click
 
-    from .options import OptionError
-
     if isinstance(err, click.ClickException):
         return err
     if verbose:
         return None
-    if isinstance(err, OptionError):
-        return click.BadParameter(err.detail, param_hint=f"'{err.option}'")
+    if isinstance(err, (ArgumentError, ArgumentTypeError)):  # the library's argument is the command's flag
+        return click.BadParameter(err.detail, param_hint=f"'{flag(err.argument)}'")
     if isinstance(err, RemoteFailure) and err.usage:  # another process's bad usage is bad usage here too
         return click.UsageError(str(err))
     return click.ClickException(one_line(err))

@@ -351,8 +351,8 @@ def make_papa(
         kept_heads: ``[[layer, head], ...]`` that keep query/key, default every non-constant head.
         trainable: constants get gradients (``papa_trainable_constants``).
     """
-    from papa_surgery.constants import Constants
-    from papa_surgery.convert import convert
+    from papa_surgery.calibration.constants import Constants
+    from papa_surgery.conversion.surgery import convert
 
     family = family_for_model(src_model)
     heads, layers = getattr(src_model.config, family.heads_attr), getattr(src_model.config, family.layers_attr)
@@ -366,7 +366,7 @@ def make_papa(
         return convert(src_model, constants, constant_heads, tokenizer=tokenizer, trainable_constants=trainable)
 
     # Lambda mixing (every head both kept and constant) is built the same way, by its config flag.
-    from papa_surgery.convert import build_papa_model, papa_config
+    from papa_surgery.conversion.surgery import build_papa_model, papa_config
 
     every = sorted([int(a), int(b)] for a, b in kept_heads)
     if every != sorted([int(a), int(b)] for a, b in constant_heads) or len(every) != layers * heads:

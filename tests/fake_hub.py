@@ -517,8 +517,10 @@ def build_tiny_checkpoint(out_dir, constant_heads=((0, 1), (1, 0)), max_length: 
         },
         "command": f"papa-surgery convert {TINY_SOURCE} --fraction 0.25 --max-length {max_length} --out {out.name}",
     }
-    from papa_surgery.constants import Constants
-    from papa_surgery.convert import build_recipe, convert, save_checkpoint
+    from papa_surgery.calibration.constants import Constants
+    from papa_surgery.conversion.checkpoint import save_checkpoint
+    from papa_surgery.conversion.recipe import build_recipe
+    from papa_surgery.conversion.surgery import convert
 
     logits = torch.randn(2, 4, max_length, max_length)  # (layers, heads, L, L)
     constants = Constants(

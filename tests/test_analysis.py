@@ -21,8 +21,8 @@ from papa_surgery.analysis import (
 )
 from papa_surgery.analysis.capture import needs_output_attentions, recording
 from papa_surgery.analysis.effective import effective_attention
-from papa_surgery.encoding import model_inputs
-from papa_surgery.rank_methods import norm_ranking
+from papa_surgery.calibration.encoding import model_inputs
+from papa_surgery.ranking.methods import norm_ranking
 
 FAMILIES = ["bert", "roberta", "distilbert", "mpnet", "deberta", "deberta-v2"]
 TEXTS = [
@@ -253,8 +253,9 @@ LOADER = textwrap.dedent(
 
 
 def test_new_kinds_and_norm_ranking_through_convert_save_and_fresh_load(tiny, tmp_path):
-    from papa_surgery.constants import Constants
-    from papa_surgery.convert import convert, save_checkpoint
+    from papa_surgery.calibration.constants import Constants
+    from papa_surgery.conversion.checkpoint import save_checkpoint
+    from papa_surgery.conversion.surgery import convert
 
     jobs = []
     for model_type, kind in (
@@ -346,7 +347,7 @@ def test_minilm_norms_and_effective_attention_on_real_text(minilm, tmp_path):
     small) mass as it is, so [SEP] is checked not to grow much rather than to shrink.
     """
     from papa_surgery.analysis import analyze
-    from papa_surgery.corpus import default_corpus
+    from papa_surgery.calibration.corpus import default_corpus
 
     model, tok = minilm
     corpus = default_corpus(max_examples=100)

@@ -352,8 +352,8 @@ def test_training_step(tiny_model, tiny_tokenizer, case):
 @pytest.mark.parametrize("case", list(CASES))
 def test_converted_model_records_outputs(tiny_model, tiny_tokenizer, case):
     """``convert``'s model is constructed like a loaded one: it returns attentions and hidden states."""
-    from papa_surgery.constants import Constants
-    from papa_surgery.convert import convert
+    from papa_surgery.calibration.constants import Constants
+    from papa_surgery.conversion.surgery import convert
 
     src, tok = source_and_tokenizer(tiny_model, tiny_tokenizer, case)
     constants = Constants(make_constants("random", LAYERS, HEADS, L), "test", L)

@@ -9,10 +9,10 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from papa_surgery.calibrate import calibrate
-from papa_surgery.constants import Constants
-from papa_surgery.corpus import load_corpus
-from papa_surgery.encoding import encode
+from papa_surgery.calibration.average import calibrate
+from papa_surgery.calibration.constants import Constants
+from papa_surgery.calibration.corpus import load_corpus
+from papa_surgery.calibration.encoding import encode
 from papa_surgery.hub_code.slots import compute_slots
 
 SENTENCES = [
@@ -236,7 +236,7 @@ def test_bf16_model_accumulates_in_full_precision(minilm):
 
 def test_grouped_scatter_equals_gathered_scatter(monkeypatch):
     """The CUDA path (per-layout one-hot sums, race-free scatters) adds up to the CPU path, run here on CPU."""
-    from papa_surgery.accumulate import SlotAccumulator, SlotLayout
+    from papa_surgery.calibration.accumulate import SlotAccumulator, SlotLayout
 
     g = torch.Generator().manual_seed(0)
     mask = torch.tensor([[1] * 5 + [0] * 2, [1] * 7, [1] * 5 + [0] * 2, [1] * 3 + [0] * 4])  # repeated layouts

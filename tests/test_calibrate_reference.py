@@ -14,8 +14,8 @@ import pytest
 import torch
 from conftest import FAMILY_TYPES, MODERN_TYPES, PAIRS, SENTENCES
 
-from papa_surgery.calibrate import calibrate
-from papa_surgery.encoding import encode, model_inputs
+from papa_surgery.calibration.average import calibrate
+from papa_surgery.calibration.encoding import encode, model_inputs
 from papa_surgery.hub_code.slots import compute_slots
 
 L = 32

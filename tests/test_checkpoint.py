@@ -12,11 +12,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from papa_surgery.constants import Constants
-from papa_surgery.convert import convert, save_checkpoint
+from papa_surgery.calibration.constants import Constants
+from papa_surgery.conversion.checkpoint import save_checkpoint
+from papa_surgery.conversion.surgery import convert
 from papa_surgery.hub_code.families import FAMILIES
 from papa_surgery.hub_code.modeling_papa import attention_modules
-from papa_surgery.rank_methods import label_free_ranking
+from papa_surgery.ranking.methods import label_free_ranking
 
 FAMILY_TYPES = sorted(FAMILIES)
 L = 16
@@ -220,8 +221,8 @@ def test_checkpoint_layout_and_weights(tiny, tmp_path, model_type):
 def test_real_minilm_half_converted_round_trip(minilm_path, tmp_path):
     from transformers import AutoModel, AutoTokenizer
 
-    from papa_surgery.calibrate import calibrate
-    from papa_surgery.corpus import default_corpus
+    from papa_surgery.calibration.average import calibrate
+    from papa_surgery.calibration.corpus import default_corpus
 
     src = AutoModel.from_pretrained(minilm_path).eval()
     tok = AutoTokenizer.from_pretrained(minilm_path)

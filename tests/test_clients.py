@@ -16,8 +16,9 @@ import pytest
 import torch
 from conftest import FAMILY_TYPES, MODERN_TYPES, PAIRS, SENTENCES, make_constants
 
-from papa_surgery.constants import Constants
-from papa_surgery.convert import convert, save_checkpoint
+from papa_surgery.calibration.constants import Constants
+from papa_surgery.conversion.checkpoint import save_checkpoint
+from papa_surgery.conversion.surgery import convert
 from papa_surgery.hub_code import HUB_CODE_FILES
 from papa_surgery.hub_code.families import family_for
 

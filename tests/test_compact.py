@@ -9,12 +9,13 @@ import pytest
 import torch
 from test_checkpoint import LOADER, floor_python, fresh_python, loader_job
 
-from papa_surgery.compact import compact_parts, compacted, layout_for
-from papa_surgery.constants import Constants
-from papa_surgery.convert import convert, save_checkpoint
+from papa_surgery.calibration.compaction import compact_parts, compacted, layout_for
+from papa_surgery.calibration.constants import Constants
+from papa_surgery.conversion.checkpoint import save_checkpoint
+from papa_surgery.conversion.inspection import describe
+from papa_surgery.conversion.surgery import convert
 from papa_surgery.hub_code.compact_constants import CompactLayout, constants_of
 from papa_surgery.hub_code.modeling_papa import attention_modules
-from papa_surgery.inspect_checkpoint import describe
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -7,10 +7,12 @@ import warnings
 import pytest
 import torch
 
-from papa_surgery.calibrate import calibrate
-from papa_surgery.constants import Constants
-from papa_surgery.convert import build_recipe, convert, save_checkpoint
-from papa_surgery.coverage import CoverageWarning, covered_length, fill_uncovered, special_slots
+from papa_surgery.calibration.average import calibrate
+from papa_surgery.calibration.constants import Constants
+from papa_surgery.calibration.coverage import CoverageWarning, covered_length, fill_uncovered, special_slots
+from papa_surgery.conversion.checkpoint import save_checkpoint
+from papa_surgery.conversion.recipe import build_recipe
+from papa_surgery.conversion.surgery import convert
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -80,7 +82,7 @@ def test_fill_keeps_covered_cells_and_marks_the_rest(tiny):
     assert filled.summary()["coverage"]["filled_cells"] == int((~covered).sum())
     # Filled once: filling again changes nothing, and the fill itself is idempotent.
     assert filled.fill() is filled
-    from papa_surgery.coverage import fill_uncovered
+    from papa_surgery.calibration.coverage import fill_uncovered
 
     assert torch.equal(fill_uncovered(filled.values, filled.counts, False), filled.values)
 

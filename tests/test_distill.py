@@ -8,10 +8,11 @@ import pytest
 import torch
 from conftest import SENTENCES
 
-from papa_surgery.calibrate import calibrate
-from papa_surgery.convert import convert, save_checkpoint
-from papa_surgery.coverage import CoverageWarning
-from papa_surgery.distill import distill, distillation_loss
+from papa_surgery.calibration.average import calibrate
+from papa_surgery.calibration.coverage import CoverageWarning
+from papa_surgery.conversion.checkpoint import save_checkpoint
+from papa_surgery.conversion.surgery import convert
+from papa_surgery.healing.distillation import distill, distillation_loss
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -87,7 +88,6 @@ def test_bad_options(tiny, average):
 
 def test_public_api_and_calibrate_points_to_distill(tiny):
     import papa_surgery
-    import papa_surgery.distill as module  # noqa: F401  (binds nothing over the function)
 
     assert papa_surgery.distill is distill
     with pytest.raises(ValueError, match="papa_surgery.distill"):

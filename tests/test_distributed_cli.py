@@ -17,7 +17,7 @@ import pytest
 import torch
 from test_sweep import write_sst2
 
-from papa_surgery.constants import Constants
+from papa_surgery.calibration.constants import Constants
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -52,8 +52,8 @@ if os.environ.get("RANK") == "0":  # rank 0 is slow, before and after it says th
 
     distributed.RemoteFailure.__init__, distributed._leave = late_failure, late_leave
 if os.environ.get("RANK") == "1" and os.environ.get("PAPA_TEST_FAIL"):  # rank 1 alone fails, at this step
-    calibrate = importlib.import_module("papa_surgery.calibrate")  # the module, not the function of that name
-    pipeline = importlib.import_module("papa_surgery.pipeline")
+    calibrate = importlib.import_module("papa_surgery.calibration.average")  # the module, not the function of that name
+    pipeline = importlib.import_module("papa_surgery.workflow.jobs")
 
     def fail(*args, **kwargs):
         raise ValueError("injected failure on rank 1")
@@ -306,7 +306,7 @@ def test_exchanged_batches_add_up_like_one_process(tiny_model, tiny_tokenizer, m
     with every batch its own: the sums are bitwise those of adding each batch's matrices directly."""
     import importlib
 
-    module = importlib.import_module("papa_surgery.calibrate")  # the module, not the function of that name
+    module = importlib.import_module("papa_surgery.calibration.average")  # the module, not the function of that name
     calibrate, process_batches = module.calibrate, module.process_batches
 
     model, tok = tiny_model("bert").to(device), tiny_tokenizer("bert")

@@ -16,13 +16,14 @@ from test_sweep import config, write_sst2
 
 import papa_surgery
 from papa_surgery.cli import main
-from papa_surgery.finetune import FinetuneJob, FinetuneOptions, finetune
+from papa_surgery.experiments.jobs import FinetuneJob
+from papa_surgery.experiments.results import cell_key, read_rows
+from papa_surgery.experiments.sweep import run_sweep
+from papa_surgery.finetuning import FinetuneOptions, finetune
 from papa_surgery.report import cost_summary, write_report
-from papa_surgery.results import cell_key, read_rows
-from papa_surgery.sweep import run_sweep
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-train_mod = importlib.import_module("papa_surgery.finetune.train")
+train_mod = importlib.import_module("papa_surgery.finetuning.train")
 COST = ("train_examples_per_second", "inference_examples_per_second", "peak_memory_mb", "checkpoint_bytes")
 
 

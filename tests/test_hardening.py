@@ -17,9 +17,9 @@ import pytest
 from click.testing import CliRunner
 from fake_hub import build_tiny_checkpoint
 
-from papa_surgery.atomic import OutputExistsError, leftovers
 from papa_surgery.cli import main
-from papa_surgery.convert import save_checkpoint
+from papa_surgery.conversion.checkpoint import save_checkpoint
+from papa_surgery.outputs.staging import OutputExistsError, leftovers
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -168,7 +168,7 @@ def test_outputs_follow_the_umask(papa_model, source, tmp_path):
     try:
         out = save_checkpoint(model, tmp_path / "ckpt", tokenizer=tokenizer)
         consts = tmp_path / "c.safetensors"
-        from papa_surgery.constants import Constants
+        from papa_surgery.calibration.constants import Constants
 
         Constants.from_kind("identity", 2, 4, 8).save(consts)
     finally:
@@ -202,7 +202,7 @@ class CallCounter:
 @pytest.fixture
 def calibrations(monkeypatch):
     """Counts calibrations (the first expensive step), to prove a failure came before any."""
-    calibrate_mod = importlib.import_module("papa_surgery.calibrate")
+    calibrate_mod = importlib.import_module("papa_surgery.calibration.average")
 
     counter = CallCounter(calibrate_mod.calibrate)
     monkeypatch.setattr(calibrate_mod, "calibrate", counter)
@@ -218,7 +218,7 @@ def test_calibrate_refuses_to_overwrite_without_the_flag(source, corpus, tmp_pat
     assert out.read_bytes() == b"precious" and calibrations.calls == 0
     result = cli("calibrate", source, "--corpus", corpus, "--max-length", 16, "--out", out, "--overwrite")
     assert result.exit_code == 0, result.output
-    from papa_surgery.constants import Constants
+    from papa_surgery.calibration.constants import Constants
 
     assert Constants.load(out).max_length == 16
 
@@ -326,7 +326,7 @@ def test_non_finite_variance_is_refused(tmp_path):
     import torch
     from safetensors.torch import save_file
 
-    from papa_surgery.constants import Constants
+    from papa_surgery.calibration.constants import Constants
 
     values = torch.full((2, 4, 8, 8), 1 / 8)
     variance = torch.zeros(2, 4, dtype=torch.float64)
@@ -358,7 +358,7 @@ def test_calibration_options_with_constants_are_not_silently_ignored(source, cor
 
 
 def test_pair_lines_with_an_empty_side_are_counted_and_reported(tmp_path, caplog):
-    from papa_surgery.corpus import load_corpus
+    from papa_surgery.calibration.corpus import load_corpus
 
     path = tmp_path / "pairs.txt"
     path.write_text("a b\tc d\n\tonly second\nfirst only\t\nno tab here\ne f\tg h\n\n")
@@ -411,7 +411,7 @@ def test_inspect_and_push_refuse_a_checkpoint_that_cannot_load(tmp_path, how, mo
     _break(folder, how)
     result = cli("inspect", folder)
     assert result.exit_code == 1 and "would not load" in result.output, result.output
-    from papa_surgery.hub import validate_checkpoint
+    from papa_surgery.conversion.hub import validate_checkpoint
 
     with pytest.raises(ValueError, match="would not load"):
         validate_checkpoint(folder)
@@ -433,7 +433,7 @@ def test_model_messages_name_the_problem_and_the_fix(tmp_path, monkeypatch):
 def test_unreachable_hub_is_one_clear_line_without_retries(tmp_path, monkeypatch):
     from huggingface_hub import constants
 
-    import papa_surgery.loading as loading
+    import papa_surgery.models.loading as loading
 
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
     monkeypatch.setenv("HF_HUB_OFFLINE", "0")
@@ -451,10 +451,10 @@ def test_probe_offline_without_data_dir_suggests_it(source, tmp_path):
 
 
 def test_file_format_errors_name_the_file_and_line(tmp_path):
-    from papa_surgery.constants import Constants
-    from papa_surgery.corpus import load_corpus
-    from papa_surgery.ranking import Ranking
-    from papa_surgery.results import read_rows
+    from papa_surgery.calibration.constants import Constants
+    from papa_surgery.calibration.corpus import load_corpus
+    from papa_surgery.experiments.results import read_rows
+    from papa_surgery.ranking.order import Ranking
 
     bad = tmp_path / "corpus.txt"
     bad.write_bytes(b"fine line\nanother\nbroken \xff\xfe line\nlast\n")
@@ -493,7 +493,7 @@ def test_file_format_errors_name_the_file_and_line(tmp_path):
 
 
 def test_empty_task_file_is_named(tmp_path):
-    from papa_surgery.probe import load_split
+    from papa_surgery.tasks import load_split
 
     (tmp_path / "glue" / "sst2").mkdir(parents=True)
     (tmp_path / "glue" / "sst2" / "train.tsv").write_text("")
@@ -508,7 +508,7 @@ def test_a_papa_checkpoint_as_the_source_of_convert(tmp_path):
 
 
 def test_pair_minimum_length_is_the_true_minimum(tiny_tokenizer):
-    from papa_surgery.encoding import encode
+    from papa_surgery.calibration.encoding import encode
 
     tok = tiny_tokenizer("bert")
     with pytest.raises(ValueError, match="use at least 5"):
@@ -526,7 +526,7 @@ def test_analyze_on_a_checkpoint_names_its_source(tmp_path, corpus):
 def test_loading_a_checkpoint_trusts_its_code_for_the_tokenizer_too(tmp_path, monkeypatch):
     import transformers
 
-    from papa_surgery.loading import load_source
+    from papa_surgery.models.loading import load_source
 
     folder, _, _ = build_tiny_checkpoint(tmp_path / "ckpt")
     seen = {}
@@ -543,8 +543,8 @@ def test_loading_a_checkpoint_trusts_its_code_for_the_tokenizer_too(tmp_path, mo
 
 # ---------------------------------------------------------------------------------------------- 12. progress
 def test_a_text_corpus_has_a_length_so_calibration_shows_a_total(tmp_path):
-    from papa_surgery.calibrate import process_batches
-    from papa_surgery.corpus import load_corpus
+    from papa_surgery.calibration.corpus import load_corpus
+    from papa_surgery.calibration.passes import process_batches
 
     path = tmp_path / "c.txt"
     path.write_text("one\n\ntwo\nthree\nfour\nfive\n")

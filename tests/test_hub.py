@@ -14,8 +14,8 @@ import pytest
 import torch
 from fake_hub import FakeHub, build_tiny_checkpoint
 
-from papa_surgery import hub
-from papa_surgery.card import REPO_PLACEHOLDER
+from papa_surgery.conversion import hub
+from papa_surgery.conversion.card import REPO_PLACEHOLDER
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 TOKEN = "hf_user_token"

@@ -85,8 +85,21 @@ def import_graph() -> dict[str, set[str]]:
                 else:
                     continue
                 found = [target(package, alias.name) for alias in node.names]
+            found += [parent for t in found if t is not None for parent in _packages_run_first(t, source, modules)]
             graph[source] |= {t for t in found if t is not None and t != source}
     return graph
+
+
+def _packages_run_first(target: str, importer: str, modules: dict) -> list[str]:
+    """The packages whose ``__init__`` runs when ``importer`` imports ``target``: its ancestors (below the root,
+    whose ``__init__`` imports nothing eagerly), except those that contain the importer (already running)."""
+    parts = target.split(".")
+    out = []
+    for i in range(2, len(parts)):
+        package = ".".join(parts[:i])
+        if package in modules and not (importer == package or importer.startswith(package + ".")):
+            out.append(package)
+    return out
 
 
 def find_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -126,9 +139,12 @@ def find_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 def test_the_walker_sees_function_level_imports_and_reports_a_cycle():
     graph = import_graph()
-    assert f"{PACKAGE}.lambda_rank" in graph[f"{PACKAGE}.rank_methods"]  # a function-level import
-    assert f"{PACKAGE}.ranking" in graph[f"{PACKAGE}.lambda_rank"]  # a module-level one
+    assert f"{PACKAGE}.ranking.lambdas" in graph[f"{PACKAGE}.ranking.methods"]  # a function-level import
+    assert f"{PACKAGE}.ranking.order" in graph[f"{PACKAGE}.ranking.lambdas"]  # a module-level one
     assert f"{PACKAGE}.api" in graph[f"{PACKAGE}:lazy"]
+    # importing a.b.c runs the package a.b first: an edge to it, unless the importer is inside it
+    assert f"{PACKAGE}.calibration" in graph[f"{PACKAGE}.conversion.surgery"]
+    assert f"{PACKAGE}.conversion" not in graph[f"{PACKAGE}.conversion.surgery"]
     assert find_cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert find_cycles({"a": {"b"}, "b": set()}) == []
 
@@ -138,9 +154,10 @@ def test_the_package_has_no_import_cycles():
     assert not cycles, "import cycles: " + "; ".join(" <-> ".join(c) for c in cycles)
 
 
-@pytest.mark.parametrize("leaf", ["ranking", "probe", "hub_code", "analysis"])
+@pytest.mark.parametrize("leaf", ["ranking.order", "probing", "tasks", "hub_code", "analysis", "registry", "options"])
 def test_leaves_do_not_reach_up(leaf):
-    """Ranking is a leaf; probe and hub_code know nothing of ranking or conversion; analyses return score tables."""
+    """The Ranking object, probing, tasks and hub_code know nothing of ranking strategies, conversion, sweeps or
+    the front ends; analyses return score tables; the registry and options are facts every layer reads."""
     graph = import_graph()
     start = [m for m in graph if m == f"{PACKAGE}.{leaf}" or m.startswith(f"{PACKAGE}.{leaf}.")]
     seen, todo = set(start), list(start)
@@ -149,9 +166,9 @@ def test_leaves_do_not_reach_up(leaf):
             if w not in seen:
                 seen.add(w)
                 todo.append(w)
-    above = {f"{PACKAGE}.{m}" for m in ("ranking", "rank_methods", "lambda_rank", "convert", "sweep", "api", "cli")}
-    above.discard(f"{PACKAGE}.{leaf}")
-    assert not seen & above, f"{leaf} imports {sorted(seen & above)}"
+    above = ("ranking.methods", "ranking.lambdas", "conversion", "experiments", "workflow", "api", "cli")
+    reached = {m for m in seen if any(m == f"{PACKAGE}.{a}" or m.startswith(f"{PACKAGE}.{a}.") for a in above)}
+    assert not reached, f"{leaf} imports {sorted(reached)}"
 
 
 def test_import_papa_surgery_and_help_stay_torch_free():
@@ -178,3 +195,34 @@ def test_no_module_is_over_400_lines():
     root = Path(__file__).resolve().parents[1] / PACKAGE
     long = {str(p.relative_to(root)): n for p in root.rglob("*.py") if (n := len(p.read_text().splitlines())) > 400}
     assert not long, f"modules over 400 lines: {long}"
+
+
+STAGES = (
+    "calibration", "ranking", "conversion", "healing", "tasks", "probing", "finetuning", "experiments", "report",
+    "analysis", "workflow", "cli", "models", "outputs", "options", "hub_code",
+)  # fmt: skip
+
+
+def test_a_house_by_concept():
+    """At most 10 modules at the package root besides subpackages; every stage is a subpackage (a module, never a
+    function that shadows it); the workflow functions are ``papa_surgery``'s attributes, not modules."""
+    import importlib
+    import types
+
+    import papa_surgery
+
+    root_modules = sorted(p.name for p in ROOT.glob("*.py"))
+    assert len(root_modules) <= 10, root_modules
+    for stage in STAGES:
+        module = importlib.import_module(f"{PACKAGE}.{stage}")
+        assert isinstance(module, types.ModuleType) and module.__file__.endswith("__init__.py"), stage
+        assert isinstance(getattr(papa_surgery, stage), types.ModuleType), stage
+    for name in ("calibrate", "rank", "convert", "save", "probe", "finetune", "analyze", "distill", "load"):
+        assert callable(getattr(papa_surgery, name)) and not isinstance(getattr(papa_surgery, name), types.ModuleType)
+        assert not (ROOT / f"{name}.py").exists() and not (ROOT / name).is_dir(), f"{name} shadows a module"
+    for package_init in ROOT.rglob("__init__.py"):  # no package attribute shadows one of its modules
+        package = importlib.import_module(".".join([PACKAGE, *package_init.parent.relative_to(ROOT).parts]))
+        for child in package_init.parent.iterdir():
+            name = child.stem if child.suffix == ".py" else child.name if (child / "__init__.py").exists() else None
+            if name and name != "__init__" and hasattr(package, name):
+                assert isinstance(getattr(package, name), types.ModuleType), f"{package.__name__}.{name} is shadowed"

@@ -8,12 +8,13 @@ import pytest
 import torch
 from conftest import FAMILY_TYPES, PAIRS, SENTENCES, make_constants, needs_shared_data, shared_data_dir
 
-from papa_surgery.constants import Constants
-from papa_surgery.convert import convert
-from papa_surgery.encoding import encode
+from papa_surgery.calibration.constants import Constants
+from papa_surgery.calibration.encoding import encode
+from papa_surgery.conversion.surgery import convert
 from papa_surgery.hub_code.modeling_papa import attention_modules
 from papa_surgery.hub_code.slots import compute_slots
-from papa_surgery.lambda_rank import (
+from papa_surgery.probing.heads import build_head
+from papa_surgery.ranking.lambdas import (
     fit_lambdas,
     lambda_model,
     lambda_parameters,
@@ -21,8 +22,7 @@ from papa_surgery.lambda_rank import (
     set_lambda_logits,
     train_lambdas,
 )
-from papa_surgery.probe.heads import build_head
-from papa_surgery.rank_methods import rank_heads
+from papa_surgery.ranking.methods import rank_heads
 
 LAYERS, HEADS, L = 2, 4, 32
 EVERY = [[layer, head] for layer in range(LAYERS) for head in range(HEADS)]
@@ -305,7 +305,7 @@ SIGNAL_OPTS = dict(epochs=8, lr=3e-3, lambda_lr=0.05, progress=False)
 
 
 def test_lambda_ranks_the_signal_head_last_and_baselines_do_not(tiny, tmp_path):
-    from papa_surgery.calibrate import calibrate
+    from papa_surgery.calibration.average import calibrate
 
     model, tok, example = _signal_model(tiny)
     constants = calibrate(
@@ -338,8 +338,8 @@ def test_lambda_ranks_the_signal_head_last_and_baselines_do_not(tiny, tmp_path):
 @pytest.mark.real
 @needs_shared_data("glue", "sst2", "train.tsv")
 def test_minilm_lambda_ranking_on_real_sst2(minilm):
-    from papa_surgery.calibrate import calibrate
-    from papa_surgery.probe.data import load_split
+    from papa_surgery.calibration.average import calibrate
+    from papa_surgery.tasks.data import load_split
 
     data = shared_data_dir()
     model, tok = minilm

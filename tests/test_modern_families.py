@@ -61,7 +61,7 @@ def test_local_constant_has_no_mass_outside_the_window_at_any_length(tiny, kind)
 
 def test_a_calibrated_local_constant_can_reach_outside_the_window_in_slot_space(tiny):
     """Why the window is applied at use: slots are not distances (the final separator sits at L-1)."""
-    from papa_surgery.calibrate import calibrate
+    from papa_surgery.calibration.average import calibrate
 
     src, tok = tiny.model("modernbert"), tiny.tokenizer("modernbert")
     constants = calibrate(src, tok, SENTENCES, max_length=L, progress=False)
@@ -171,10 +171,11 @@ def test_an_older_transformers_is_refused_with_the_release_needed(model_type):
 
 @pytest.mark.parametrize("model_type", ["modernbert", "eurobert", "jina_embeddings_v3"])
 def test_inspect_and_card_name_the_family_specifics(tiny, tmp_path, model_type):
-    from papa_surgery.card import write_card
-    from papa_surgery.constants import Constants
-    from papa_surgery.convert import convert, save_checkpoint
-    from papa_surgery.inspect_checkpoint import describe, format_description
+    from papa_surgery.calibration.constants import Constants
+    from papa_surgery.conversion.card import write_card
+    from papa_surgery.conversion.checkpoint import save_checkpoint
+    from papa_surgery.conversion.inspection import describe, format_description
+    from papa_surgery.conversion.surgery import convert
 
     src, tok = tiny.model(model_type), tiny.tokenizer(model_type)
     papa = convert(src, Constants(make_constants("random", LAYERS, HEADS, L), "test", L), [[0, 1]], tokenizer=tok)
@@ -192,8 +193,8 @@ def test_inspect_and_card_name_the_family_specifics(tiny, tmp_path, model_type):
 def test_every_kind_method_and_path_runs(tiny, tmp_path, model_type):
     """calibrate (every kind) -> rank (every method, lambda included) -> convert -> probe -> analyze, per family."""
     from papa_surgery import api
-    from papa_surgery.constants import KINDS
-    from papa_surgery.ranking import LABEL_FREE_METHODS
+    from papa_surgery.calibration.constants import KINDS
+    from papa_surgery.ranking.order import LABEL_FREE_METHODS
 
     src, tok = tiny.model(model_type, head="AutoModelForSequenceClassification"), tiny.tokenizer(model_type)
     sentences = SENTENCES * 2

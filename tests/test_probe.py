@@ -11,9 +11,9 @@ import torch
 from conftest import FAMILY_TYPES, make_constants
 from metric_values import is_accuracy_of, is_f1_of
 
-from papa_surgery.probe import SentenceProbe, TokenProbe, probe
-from papa_surgery.probe.features import FeatureStore, backbone_of, encode_split
-from papa_surgery.probe.tasks import CONLL_NER_LABELS
+from papa_surgery.probing import SentenceProbe, TokenProbe, probe
+from papa_surgery.probing.features import FeatureStore, backbone_of, encode_split
+from papa_surgery.tasks.registry import CONLL_NER_LABELS
 
 POSITIVE = ["charming", "fun", "astounding", "affecting", "good", "great"]
 NEGATIVE = ["bleak", "desperate", "dull", "bad", "awful", "boring"]
@@ -247,7 +247,7 @@ def test_two_process_data_parallel_matches_one_process(tiny_folder, data_dir, tm
 
 
 def test_feature_cache_reuses_splits_across_seeds(tiny_model, tiny_tokenizer, data_dir):
-    from papa_surgery.probe import FeatureCache
+    from papa_surgery.probing import FeatureCache
 
     model, tok = tiny_model("bert"), tiny_tokenizer("bert")
     cache = FeatureCache()
@@ -260,8 +260,8 @@ def test_feature_cache_reuses_splits_across_seeds(tiny_model, tiny_tokenizer, da
 
 def test_pseudo_perplexity_masks_one_token_at_a_time(tiny_model, tiny_tokenizer):
     """masked_nll('pseudo') equals scoring each token with only that token masked, by hand."""
-    from papa_surgery.probe.features import Encoded
-    from papa_surgery.probe.mlm import masked_nll
+    from papa_surgery.probing.features import Encoded
+    from papa_surgery.probing.mlm import masked_nll
 
     tok = tiny_tokenizer("bert")
     model = tiny_model("bert", head="AutoModelForMaskedLM")

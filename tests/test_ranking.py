@@ -9,19 +9,12 @@ import pytest
 import torch
 from conftest import SENTENCES, make_constants
 
-from papa_surgery.constants import Constants
-from papa_surgery.convert import constant_heads_of, convert
-from papa_surgery.encoding import encode
-from papa_surgery.rank_methods import label_free_ranking, rank_heads
-from papa_surgery.ranking import (
-    LABEL_FREE_METHODS,
-    METHODS,
-    Ranking,
-    check_method,
-    check_rank_inputs,
-    order_by_scores,
-    reversed_ranking,
-)
+from papa_surgery.calibration.constants import Constants
+from papa_surgery.calibration.encoding import encode
+from papa_surgery.conversion.surgery import constant_heads_of, convert
+from papa_surgery.ranking.methods import label_free_ranking, rank_heads
+from papa_surgery.ranking.order import Ranking, order_by_scores, reversed_ranking
+from papa_surgery.registry import LABEL_FREE_METHODS, METHODS, check_method
 
 LAYERS, HEADS, L = 2, 4, 32
 EVERY = [[layer, head] for layer in range(LAYERS) for head in range(HEADS)]
@@ -166,12 +159,12 @@ def test_unknown_method_gets_a_suggestion(tiny):
 @pytest.mark.parametrize("method", ["lambda", "reversed-lambda"])
 def test_lambda_without_task_or_constants_is_refused(tiny, method):
     model, tok = tiny.model("bert"), tiny.tokenizer("bert")
-    with pytest.raises(ValueError, match="pass --task"):
+    with pytest.raises(ValueError, match="pass task="):
         rank_heads(method, model, tok, _constants())
-    with pytest.raises(ValueError, match="pass --task"):
-        check_rank_inputs(method)  # before any calibration
-    assert check_rank_inputs(method, "sst2") == method and check_rank_inputs("variance") == "variance"
-    with pytest.raises(ValueError, match="pass --constants"):
+    with pytest.raises(ValueError, match="pass task="):
+        check_method(method)  # before any calibration
+    assert check_method(method, "sst2").name == method and check_method("variance").name == "variance"
+    with pytest.raises(ValueError, match="pass constants="):
         rank_heads(method, model, tok, None, task="sst2")
     with pytest.raises(ValueError, match="unknown task"):
         rank_heads(method, model, tok, _constants(), task="sst3", steps=1)

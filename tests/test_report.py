@@ -9,6 +9,7 @@ import statistics
 import pytest
 from test_sweep import write_sst2
 
+from papa_surgery.experiments import SweepConfig, run_sweep
 from papa_surgery.report import (
     constant_matrices,
     load_results,
@@ -19,7 +20,6 @@ from papa_surgery.report import (
     table_kinds,
     write_report,
 )
-from papa_surgery.sweep import SweepConfig, run_sweep
 
 T95 = {1: 12.706, 2: 4.303, 4: 2.776, 9: 2.262, 29: 2.045}  # textbook two-sided 95% values
 
@@ -148,8 +148,9 @@ def test_write_report_writes_tables_and_figures(sweep_results, tmp_path):
 def test_constant_heat_maps_from_a_checkpoint(tiny, tmp_path):
     from conftest import SENTENCES
 
-    from papa_surgery.calibrate import calibrate
-    from papa_surgery.convert import convert, save_checkpoint
+    from papa_surgery.calibration.average import calibrate
+    from papa_surgery.conversion.checkpoint import save_checkpoint
+    from papa_surgery.conversion.surgery import convert
 
     model, tok = tiny.model("bert"), tiny.tokenizer("bert")
     constants = calibrate(model, tok, SENTENCES, max_length=16, progress=False)

@@ -9,10 +9,10 @@ import threading
 import pytest
 from test_sweep import CountingProbe, config, write_sst2
 
-from papa_surgery.results import cell_key, read_rows
-from papa_surgery.sweep import parse_fractions, run_sweep
+from papa_surgery.experiments import parse_fractions, run_sweep
+from papa_surgery.experiments.results import cell_key, read_rows
 
-probe_pkg = importlib.import_module("papa_surgery.probe")  # the package (papa_surgery.probe is also the function)
+probe_pkg = importlib.import_module("papa_surgery.probing")  # the package (papa_surgery.probe is also the function)
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from papa_surgery.accumulate import SlotLayout
+from papa_surgery.calibration.accumulate import SlotLayout
 from papa_surgery.hub_code.slots import PAD_SLOT, compute_slots, constant_attention, constant_probs
 
 L = 16

@@ -10,13 +10,14 @@ import pytest
 import torch
 from metric_values import is_accuracy_of
 
-from papa_surgery.results import Cell, cell_key, read_rows
-from papa_surgery.sweep import DEFAULT_FRACTIONS, SweepConfig, run_sweep
+from papa_surgery.experiments import SweepConfig, run_sweep
+from papa_surgery.experiments.config import DEFAULT_FRACTIONS
+from papa_surgery.experiments.results import Cell, cell_key, read_rows
 
 POSITIVE = ["charming", "fun", "astounding", "affecting", "good", "great"]
 NEGATIVE = ["bleak", "desperate", "dull", "bad", "awful", "boring"]
 # The probe package whose ``probe`` the sweep calls (``papa_surgery.probe`` itself is the workflow function).
-probe_pkg = importlib.import_module("papa_surgery.probe")
+probe_pkg = importlib.import_module("papa_surgery.probing")
 FILLER = ["the", "a", "movie", "is", "and", "journey", "acting", "music", "ride", "."]
 
 
@@ -133,7 +134,7 @@ def test_baseline_equals_source_and_identical_cells_run_once(tiny_folder, data_d
     assert sum("reused_from" in r for r in rows) == 5
 
     # the fraction-0 cell scores exactly what the probe gives the source model at the same slot count
-    from papa_surgery.loading import load_source
+    from papa_surgery.models.loading import load_source
 
     model, tok = load_source(str(model_dir))
     source = counter.real(model, tok, "sst2", data_dir=data_dir, seed=0, epochs=1, max_length=32, progress=False)
@@ -210,8 +211,9 @@ def test_mlm_sweep_with_a_masked_lm_head(tiny_folder, data_dir, tmp_path):
 
 
 def test_a_papa_checkpoint_is_probed_as_it_is(tiny, data_dir, tmp_path):
-    from papa_surgery.constants import Constants
-    from papa_surgery.convert import convert, save_checkpoint
+    from papa_surgery.calibration.constants import Constants
+    from papa_surgery.conversion.checkpoint import save_checkpoint
+    from papa_surgery.conversion.surgery import convert
 
     model, tok = tiny.model("bert"), tiny.tokenizer("bert")
     constants = Constants.from_kind("identity", 2, 4, 32)
@@ -239,8 +241,8 @@ def test_analysis_kinds_and_norm_ranking_in_a_sweep(tiny_folder, data_dir, tmp_p
         ("effective-average", "norm", 4),
     ]
     assert all(is_accuracy_of(r["score"], 16) for r in rows)  # accuracies over the 16 dev sentences
-    from papa_surgery.constants import Constants
-    from papa_surgery.ranking import Ranking
+    from papa_surgery.calibration.constants import Constants
+    from papa_surgery.ranking.order import Ranking
 
     artifacts = sorted((tmp_path / "r.artifacts").iterdir())
     kinds = sorted(Constants.load(p).kind for p in artifacts if p.suffix == ".safetensors")
@@ -257,7 +259,7 @@ def test_lambda_methods_in_a_sweep(tiny_folder, data_dir, tmp_path):
     )  # fmt: skip
     rows = run_sweep(cfg, tmp_path / "r.jsonl", progress=False)
     assert [(r["method"], r["constant_heads"]) for r in rows] == [("lambda", 4), ("reversed-lambda", 4)]
-    from papa_surgery.ranking import Ranking
+    from papa_surgery.ranking.order import Ranking
 
     rankings = [Ranking.load(p) for p in sorted((tmp_path / "r.artifacts").glob("*.json"))]
     assert [(r.method, r.provenance["steps"]) for r in rankings] == [("lambda", 2)]  # reversed-lambda reads it back
@@ -283,7 +285,7 @@ def test_distilled_kind_in_a_sweep_resumes_and_reports(tiny_folder, data_dir, tm
 
 def test_labeled_kinds_change_only_constants_and_probe_resume_and_report(tiny_folder, data_dir, tmp_path, monkeypatch):
     """Paper Table 1 rows 4-5: constants trained with the probe; the backbone and the source stay untouched."""
-    import papa_surgery.labeled as labeled_module
+    import papa_surgery.probing.labeled as labeled_module
     from papa_surgery.report import write_report
 
     trained = []

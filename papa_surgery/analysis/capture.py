@@ -12,8 +12,8 @@ from contextlib import contextmanager
 
 import torch
 
-from ..architectures import get_family
 from ..hub_code.modeling_papa import attention_modules
+from ..models.families import get_family
 
 
 def needs_output_attentions(model) -> bool:

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ..architectures import get_family, num_heads_layers
 from ..hub_code.modeling_papa import attention_modules
+from ..models.families import get_family, num_heads_layers
 from .linalg import lapack_threads
 
 

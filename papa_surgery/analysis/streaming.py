@@ -25,14 +25,14 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..accumulate import SlotAccumulator, SlotLayout
-from ..architectures import num_heads_layers
-from ..calibrate import borrow, pass_metadata, process_batches
-from ..constants import ANALYSIS_KINDS, Constants
-from ..corpus import load_corpus
+from ..calibration.accumulate import SlotAccumulator, SlotLayout
+from ..calibration.constants import ANALYSIS_KINDS, Constants
+from ..calibration.corpus import load_corpus
+from ..calibration.encoding import encode, model_inputs
+from ..calibration.passes import borrow, pass_metadata, process_batches
 from ..distributed import shared_failures
-from ..encoding import encode, model_inputs
 from ..hub_code.slots import compute_slots
+from ..models.families import num_heads_layers
 from .capture import needs_output_attentions, recording
 from .effective import DEFAULT_RTOL, layer_effective
 from .norms import summed_norms
@@ -237,16 +237,6 @@ def analysis_constants(kind: str, model, tokenizer, corpus, **kwargs) -> Constan
     if kind not in ANALYSIS_OF_KIND:
         raise ValueError(f"unknown analysis kind {kind!r}; choose one of {', '.join(ANALYSIS_OF_KIND)}")
     return stream(model, tokenizer, corpus, ANALYSIS_OF_KIND[kind], **kwargs).constants()
-
-
-def corpus_constants(kind: str, model, tokenizer, corpus, **kwargs) -> Constants:
-    """Constants averaged over a corpus: ``average`` (:func:`papa_surgery.calibrate.calibrate`, paper 3.1),
-    ``norm-average`` or ``effective-average`` (:func:`analysis_constants`). Same keyword arguments for all."""
-    if kind == "average":
-        from ..calibrate import calibrate
-
-        return calibrate(model, tokenizer, corpus, **kwargs)
-    return analysis_constants(kind, model, tokenizer, corpus, **kwargs)
 
 
 def norm_constants(model, tokenizer, corpus, **kwargs) -> Constants:

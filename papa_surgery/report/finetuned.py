@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import statistics
 
-from ..results import protocol
+from ..experiments.results import protocol
 from .stats import GROUP_FIELDS, group_key, main_curves, pick, summarize
 from .tables import cell, fraction_label, markdown_table, short_model
 

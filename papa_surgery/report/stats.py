@@ -10,7 +10,7 @@ import math
 import statistics
 from pathlib import Path
 
-from ..results import read_rows
+from ..experiments.results import read_rows
 
 GROUP_FIELDS = ("model", "task", "corpus", "kind", "method", "fraction")
 

@@ -23,7 +23,7 @@ def constant_matrices(source, heads=None, max_heads: int = 3) -> list[tuple[str,
         path = Path(source)
         available = {}
         if path.is_dir():
-            from ..inspect_checkpoint import read_config, read_constants
+            from ..conversion.inspection import read_config, read_constants
 
             config = read_config(path)
             by_layer = defaultdict(list)

@@ -1,0 +1,83 @@
+"""Fitting constants into the compact storage form (``hub_code/compact_constants.py``).
+
+``compact_parts`` turns dense (Hc, L, L) matrices into the parts a compact checkpoint stores: the band and the
+special slots' rows and columns exactly; every other cell as the head's relative-offset profile plus a rank-r
+residual, fitted by alternating a truncated SVD with re-imposing the exactly stored cells (a few rounds of
+low-rank matrix completion, so the rank is spent on the cells it has to represent). The converted model then
+computes with ``rebuild(compact_parts(C))``: conversion, probes and the checkpoint all use those matrices.
+
+``default_layout`` picks the layout ``convert`` uses when storage is ``auto``: dense up to L=128 (already
+smaller than the source's query/key weights it replaces), compact above.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..hub_code.compact_constants import COMPACT_PARTS, CompactLayout, rebuild, special_slots
+from .coverage import offset_means
+
+STORAGES = ("auto", "dense", "compact")
+DEFAULT_BAND = 16
+DEFAULT_RANK = 16
+DENSE_UP_TO = 128  # ``auto`` keeps dense matrices up to this L
+COMPLETION_ROUNDS = 4
+
+
+def layout_for(storage: str, max_length: int, pairs: bool, band: int | None = None, rank: int | None = None):
+    """The ``CompactLayout`` for a ``--storage`` choice, or ``None`` for dense matrices.
+
+    Raises:
+        ValueError: an unknown storage, or a band/rank that does not fit L.
+    """
+    if storage not in STORAGES:
+        raise ValueError(f"unknown constants storage {storage!r}; choose one of {', '.join(STORAGES)}")
+    if storage == "dense" or (storage == "auto" and max_length <= DENSE_UP_TO):
+        return None
+    band = DEFAULT_BAND if band is None else int(band)
+    rank = DEFAULT_RANK if rank is None else int(rank)
+    if not (0 <= band < max_length and 0 <= rank <= max_length):
+        raise ValueError(f"compact storage needs 0 <= band < L and 0 <= rank <= L (L={max_length}); got {band}, {rank}")
+    return CompactLayout(max_length, band, rank, special_slots(max_length, pairs))
+
+
+def compact_parts(values: torch.Tensor, layout: CompactLayout, dtype: torch.dtype = torch.float32) -> dict:
+    """The compact parts (``COMPACT_PARTS``, in ``dtype``) that best represent ``values`` (Hc, L, L)."""
+    c = values.detach().double().cpu()
+    hc, length = c.shape[0], layout.max_length
+    d = layout.offsets()  # (L, L)
+    special = torch.zeros(length, dtype=torch.bool)
+    special[list(layout.special)] = True
+    far = (d.abs() > layout.band) & ~special[:, None] & ~special[None, :]  # (L, L) cells of profile + residual
+    profile, _ = offset_means(c, far.double())  # (Hc, 2L-1); offsets with no far cell are never read
+    toeplitz = profile[:, d + length - 1]  # (Hc, L, L)
+    residual = c - toeplitz
+    u = torch.zeros(hc, length, layout.rank, dtype=c.dtype)
+    v = torch.zeros_like(u)
+    if layout.rank:
+        target = torch.where(far, residual, 0.0)
+        for _ in range(COMPLETION_ROUNDS):  # cells stored exactly take the current fit's values: no rank spent there
+            left, s, right = torch.linalg.svd(target, full_matrices=False)
+            root = s[:, : layout.rank].sqrt()
+            u, v = left[..., : layout.rank] * root[:, None], right[:, : layout.rank].transpose(-1, -2) * root[:, None]
+            target = torch.where(far, residual, u @ v.transpose(-1, -2))
+    k = torch.arange(-layout.band, layout.band + 1)
+    cols = torch.arange(length)[:, None] + k[None, :]  # (L, 2w+1)
+    inside = (cols >= 0) & (cols < length)
+    band = torch.where(inside, c.gather(-1, cols.clamp(0, length - 1).expand(hc, -1, -1)), 0.0)
+    index = torch.tensor(layout.special)
+    parts = {
+        "papa_constants_band": band,
+        "papa_constants_rows": c[:, index, :],
+        "papa_constants_cols": c[:, :, index],
+        "papa_constants_profile": profile,
+        "papa_constants_u": u,
+        "papa_constants_v": v,
+    }
+    assert set(parts) == set(COMPACT_PARTS)
+    return {name: t.to(dtype).contiguous() for name, t in parts.items()}
+
+
+def compacted(values: torch.Tensor, layout: CompactLayout, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """(Hc, L, L) what a compact checkpoint computes with for ``values``: ``rebuild(compact_parts(values))``."""
+    return rebuild(compact_parts(values, layout, dtype), layout)

@@ -1,0 +1,275 @@
+"""Unlabelled calibration corpora: text files, ``datasets`` objects and folders, Hub specs, lists.
+
+A ``Corpus`` is a re-iterable stream of examples (a string, or a ``(first, second)`` tuple for pairs)
+that never holds the whole corpus in memory unless it was given as a list.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import logging
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+TEXT_COLUMNS = ("text", "sentence", "content", "document")
+PAIR_COLUMNS = (("sentence1", "sentence2"), ("premise", "hypothesis"), ("question", "sentence"), ("text_a", "text_b"))
+DATA_FILE_TYPES = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet", ".arrow": "arrow"}
+DEFAULT_CORPUS_FILE = "wikitext2_valid_excerpt.txt"
+DEFAULT_HUB_CORPUS = "Salesforce/wikitext:wikitext-103-raw-v1:train:text"
+DEFAULT_HUB_EXAMPLES = 2000  # lines of DEFAULT_HUB_CORPUS the default corpus reads
+logger = logging.getLogger("papa_surgery")
+
+
+@dataclass
+class Corpus:
+    """A re-iterable stream of calibration examples with a description for provenance."""
+
+    source: Any
+    pairs: bool
+    description: str
+    max_examples: int | None = None
+    length: int | None = None
+
+    def __iter__(self) -> Iterator[str | tuple[str, str]]:
+        examples = _iterate(self.source, self.pairs)
+        if self.max_examples is not None:
+            examples = itertools.islice(examples, self.max_examples)
+        return examples
+
+    def __len__(self) -> int:
+        length = self.length
+        if length is None and isinstance(self.source, Path):
+            length = self.length = _count_examples(self.source, self.pairs)  # one quick pass: a bar with an ETA
+        if length is None:
+            raise TypeError("this corpus is a stream of unknown length")
+        return length if self.max_examples is None else min(length, self.max_examples)
+
+
+def _clean(example, pairs: bool):
+    if pairs:
+        if isinstance(example, str):
+            parts = example.split("\t")
+            if len(parts) != 2:
+                return None
+            example = parts
+        a, b = (str(x).strip() for x in example)
+        return (a, b) if a and b else None
+    text = str(example).strip()
+    return text or None
+
+
+def _lines(path: Path) -> Iterator[tuple[int, str]]:
+    """(line number, text) of a UTF-8 text file; ValueError naming the file and line of invalid bytes."""
+    with path.open("rb") as f:
+        for number, raw in enumerate(f, start=1):
+            try:
+                yield number, raw.decode("utf-8").rstrip("\r\n")
+            except UnicodeDecodeError as err:
+                raise ValueError(
+                    f"corpus {path}: line {number} is not valid UTF-8 (byte {err.start + 1}); re-encode the file "
+                    f"as UTF-8 (e.g. iconv -t utf-8) or remove the line"
+                ) from None
+
+
+def _count_examples(path: Path, pairs: bool) -> int:
+    return sum(1 for _, line in _lines(path) if _clean(line, pairs) is not None)
+
+
+def _iterate(source, pairs: bool) -> Iterator:
+    skipped: list = []  # pairs with no TAB, several TABs or an empty side: counted and reported, never silent
+    try:
+        if isinstance(source, Path):
+            for number, line in _lines(source):
+                ex = _clean(line, pairs)
+                if ex is not None:
+                    yield ex
+                elif pairs and line.strip():
+                    skipped.append(number)
+            return
+        for number, raw in enumerate(source, start=1):
+            ex = _clean(raw, pairs)
+            if ex is not None:
+                yield ex
+            elif pairs:
+                skipped.append(number)
+    finally:
+        if skipped:
+            where = f"{source.name} lines" if isinstance(source, Path) else "examples"
+            shown = ", ".join(map(str, skipped[:5])) + (", ..." if len(skipped) > 5 else "")
+            logger.warning(
+                "corpus: skipped %d sentence pair(s) with an empty side or not exactly one TAB (%s %s)",
+                len(skipped),
+                where,
+                shown,
+            )
+
+
+def _columns(column_names: Iterable[str], pairs: bool, columns: Iterable[str] | None) -> tuple[str, ...]:
+    names = list(column_names)
+    if columns:
+        cols = tuple(columns)
+        missing = [c for c in cols if c not in names]
+        if missing:
+            raise ValueError(f"corpus has no column {missing[0]!r}; its columns are {names}")
+        if len(cols) != (2 if pairs else 1):
+            raise ValueError(f"--pairs needs two columns, a single corpus one; got {list(cols)}")
+        return cols
+    candidates = PAIR_COLUMNS if pairs else tuple((c,) for c in TEXT_COLUMNS)
+    for cols in candidates:
+        if all(c in names for c in cols):
+            return cols
+    want = "two text columns (e.g. sentence1, sentence2)" if pairs else f"a text column ({', '.join(TEXT_COLUMNS)})"
+    raise ValueError(f"corpus needs {want}; its columns are {names}: name them with columns=")
+
+
+def _from_dataset(ds, pairs: bool, columns, description: str, max_examples) -> Corpus:
+    cols = _columns(ds.column_names or [], pairs, columns)
+
+    class _Rows:
+        def __iter__(self):
+            for row in ds:
+                yield tuple(row[c] for c in cols) if pairs else row[cols[0]]
+
+    length = len(ds) if hasattr(ds, "__len__") else None
+    return Corpus(_Rows(), pairs, f"{description} [{', '.join(cols)}]", max_examples, length)
+
+
+def load_corpus(src, pairs: bool = False, max_examples: int | None = None, columns=None) -> Corpus:
+    """Open a calibration corpus.
+
+    Args:
+        src: a list of strings (or of ``(first, second)`` pairs); a ``datasets.Dataset`` /
+            ``IterableDataset``; a text file (one example per line, a TAB separates a pair); a local
+            ``datasets`` folder (``save_to_disk``) or data file (.json/.jsonl/.csv/.parquet/.arrow);
+            or a Hub dataset spec ``name[:config]:split:column`` (``column1,column2`` for pairs).
+        pairs: examples are sentence pairs.
+        max_examples: stop after this many examples.
+        columns: text column(s) of a dataset, when they are not the usual names.
+
+    Raises:
+        ValueError: an unknown source, missing columns, or an empty corpus.
+    """
+    if isinstance(src, Corpus):
+        if max_examples is None:
+            return src
+        limit = max_examples if src.max_examples is None else min(max_examples, src.max_examples)
+        return dataclasses.replace(src, max_examples=limit)
+    if isinstance(src, (list, tuple)):
+        corpus = Corpus(list(src), pairs, f"in-memory list of {len(src)} examples", max_examples, len(src))
+    elif hasattr(src, "column_names") and hasattr(src, "__iter__"):
+        corpus = _from_dataset(src, pairs, columns, f"datasets object ({type(src).__name__})", max_examples)
+    elif isinstance(src, (str, Path)):
+        corpus = _from_path_or_spec(str(src), pairs, max_examples, columns)
+    else:
+        raise ValueError(f"cannot read a corpus from {type(src).__name__}: pass a file, folder, Hub spec or list")
+    if _first(corpus) is None:
+        raise ValueError(
+            f"the corpus {corpus.description} has no usable examples"
+            + (" (with --pairs every line needs exactly one TAB)" if pairs else "")
+        )
+    return corpus
+
+
+def _first(corpus: Corpus):
+    """The first example (or None), without the skipped-pairs warning of a partial read."""
+    logger.disabled, was = True, logger.disabled
+    try:
+        examples = iter(corpus)
+        first = next(examples, None)
+        del examples  # finalise the generator now, while the logger is off
+        return first
+    finally:
+        logger.disabled = was
+
+
+def _from_path_or_spec(src: str, pairs: bool, max_examples, columns) -> Corpus:
+    path = Path(src).expanduser()
+    if path.is_dir():
+        import datasets
+
+        ds = datasets.load_from_disk(str(path))
+        if isinstance(ds, datasets.DatasetDict):
+            split = "train" if "train" in ds else next(iter(ds))
+            ds = ds[split]
+        return _from_dataset(ds, pairs, columns, f"local dataset {path.name}", max_examples)
+    if path.is_file():
+        if path.suffix in DATA_FILE_TYPES:
+            import datasets
+
+            ds = datasets.load_dataset(DATA_FILE_TYPES[path.suffix], data_files=str(path), split="train")
+            return _from_dataset(ds, pairs, columns, f"file {path.name}", max_examples)
+        return Corpus(path, pairs, f"text file {path.name}", max_examples, None)
+    parts = src.split(":")
+    if len(parts) in (3, 4) and "/" not in parts[-1]:
+        return _from_hub_spec(parts, pairs, max_examples)
+    raise ValueError(
+        f"corpus {src!r} is not a file, a folder or a Hub spec name[:config]:split:column (e.g. {DEFAULT_HUB_CORPUS})"
+    )
+
+
+def _from_hub_spec(parts: list[str], pairs: bool, max_examples) -> Corpus:
+    import datasets
+
+    name, config, split, column = parts if len(parts) == 4 else (parts[0], None, parts[1], parts[2])
+    cols = column.split(",")
+    try:
+        ds = datasets.load_dataset(name, config, split=split, streaming=True)
+    except Exception as err:  # offline, unknown dataset, bad split: one clear cause
+        raise ValueError(
+            f"could not open Hub dataset {name!r} ({config or 'default'}, split {split!r}): {err}. "
+            f"Offline? pass a local --corpus (a text file, one example per line) or use the bundled "
+            f"default: --corpus {default_corpus_path()}"
+        ) from err
+    spec = ":".join(parts)
+    return _from_dataset(ds, pairs, cols, f"Hub dataset {spec}", max_examples)
+
+
+def default_corpus_path() -> Path:
+    """The WikiText-2 excerpt shipped with papa-surgery (CC BY-SA 3.0, Merity et al. 2016)."""
+    return Path(str(resources.files("papa_surgery") / "data" / DEFAULT_CORPUS_FILE))
+
+
+def bundled_corpus(max_examples: int | None = None) -> Corpus:
+    """The WikiText-2 excerpt shipped with papa-surgery: the default corpus when the Hub cannot be reached."""
+    return load_corpus(default_corpus_path(), max_examples=max_examples)
+
+
+def default_corpus(max_examples: int | None = None) -> Corpus:
+    """The one default calibration corpus, wherever a corpus is not given (API, CLI, sweeps' ``default``).
+
+    The first ``DEFAULT_HUB_EXAMPLES`` (2,000) lines of WikiText-103 train (``DEFAULT_HUB_CORPUS``) through
+    ``datasets``, streamed; offline (``HF_HUB_OFFLINE=1``, or the Hub does not answer one quick request,
+    asked once per process) the bundled WikiText-2 excerpt, said in one line. ``max_examples`` caps either.
+    """
+    limit = DEFAULT_HUB_EXAMPLES if max_examples is None else min(max_examples, DEFAULT_HUB_EXAMPLES)
+    why = _hub_unavailable()
+    if why is None:
+        try:
+            return load_corpus(DEFAULT_HUB_CORPUS, max_examples=limit)
+        except ValueError as err:
+            why = f"WikiText-103 could not be opened ({str(err).splitlines()[0][:200]})"
+    corpus = bundled_corpus(max_examples)
+    if why not in _SAID:
+        _SAID.add(why)
+        log = logger.info if why == OFFLINE else logger.warning
+        log("%s: calibrating on the bundled WikiText-2 excerpt (%s); pass a corpus to choose", why, corpus.description)
+    return corpus
+
+
+OFFLINE = "HF_HUB_OFFLINE=1"
+_SAID: set[str] = set()
+
+
+def _hub_unavailable() -> str | None:
+    """Why the Hub cannot serve the default corpus (``None``: it can): offline mode, or no answer."""
+    from huggingface_hub import constants
+
+    if constants.HF_HUB_OFFLINE:
+        return OFFLINE
+    from ..models.loading import hub_reachable
+
+    return None if hub_reachable() else "the Hugging Face Hub does not answer"

@@ -1,0 +1,91 @@
+"""One pass over a corpus, shared by calibration, the analyses and distillation: batches (sharded under
+``torch.distributed``), the model borrowed in eval mode, and the pass's provenance."""
+
+from __future__ import annotations
+
+import datetime as _dt
+from collections.abc import Callable, Iterator
+
+import torch
+from tqdm.auto import tqdm
+
+from .. import __version__
+from ..distributed import rank as dist_rank
+from ..distributed import world_size
+from .constants import model_fingerprint
+from .corpus import Corpus
+
+
+def _shard(batches: Iterator[list], rank: int, world: int) -> Iterator[list]:
+    for i, batch in enumerate(batches):
+        if i % world == rank:
+            yield batch
+
+
+def _batches(examples: Iterator, batch_size: int) -> Iterator[list]:
+    batch = []
+    for ex in examples:
+        batch.append(ex)
+        if len(batch) == batch_size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
+def process_batches(corpus: Corpus, batch_size: int, desc: str, progress: bool = True):
+    """This process's batches of ``corpus``, with a bar: under torch.distributed, every world_size-th of the
+    batches a single process would make (same examples, same padding), so each forward equals one process's.
+
+    Returns ``(batches, world_size)``; the bar shows on rank 0 only.
+    """
+    rank, world = dist_rank(), world_size()
+    total = None
+    try:
+        total = len(range(rank, -(-len(corpus) // batch_size), world))
+    except TypeError:  # a stream of unknown length
+        pass
+    bar = tqdm(
+        _shard(_batches(corpus, batch_size), rank, world),
+        total=total,
+        desc=desc,
+        unit="batch",
+        disable=not progress or rank != 0,
+    )
+    return bar, world
+
+
+def borrow(model, device=None) -> tuple[torch.device, Callable[[], None]]:
+    """Put ``model`` in eval mode on ``device`` (default: where it is) for a pass over a corpus.
+
+    Returns ``(device, restore)``: ``restore()`` puts back the model's train/eval mode and device, so
+    calibration and the analyses leave the caller's model as they found it.
+    """
+    param = next(model.parameters(), None)
+    home = param.device if param is not None else torch.device("cpu")
+    device = torch.device(device) if device is not None else home
+    was_training = model.training
+    model.to(device).eval()
+
+    def restore() -> None:
+        if device != home:
+            model.to(home)
+        model.train(was_training)
+
+    return device, restore
+
+
+def pass_metadata(model, corpus: Corpus, examples: int, batch_size: int, processes: int, source_name=None) -> dict:
+    """The provenance of one pass over a corpus (calibration or analysis), stored with its constants."""
+    return {
+        "source_model": source_name or getattr(model.config, "_name_or_path", None) or model.config.model_type,
+        "model_type": model.config.model_type,
+        "fingerprint": model_fingerprint(model),  # compatibility is checked by identity, not by name
+        "corpus": corpus.description,
+        "examples": examples,
+        "batch_size": batch_size,
+        "processes": processes,
+        "model_dtype": str(next(model.parameters()).dtype).replace("torch.", ""),
+        "papa_surgery_version": __version__,
+        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+    }

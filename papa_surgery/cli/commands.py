@@ -1,0 +1,160 @@
+"""The workflow's commands: ``calibrate``, ``rank``, ``convert`` and ``analyze``, each a few lines over one job.
+
+Options come from :mod:`papa_surgery.options` (defined once, checked by click's types); the work is one
+call of :mod:`papa_surgery.workflow.jobs`, imported when the command runs so ``--help`` answers at once.
+"""
+
+from __future__ import annotations
+
+import click
+
+from .. import registry
+from ..distributed import is_main_process, scale_out
+from ..options import (
+    AnalyzeOptions,
+    CalibrationOptions,
+    ConvertOptions,
+    DistillOptions,
+    FileOutputOptions,
+    PushOptions,
+    RankOptions,
+    RunOptions,
+    click_options,
+    from_kwargs,
+)
+from .context import given, progress_of, verbosity
+from .recorded import command_line
+
+
+def _refuse_calibration_with_constants(ctx, constants_file: str | None) -> None:
+    """With --constants the calibration options do nothing: refuse them rather than silently ignore them."""
+    if not constants_file:
+        return
+    from ..calibration.constants import Constants
+
+    constants = Constants.load(constants_file)
+    if given(ctx, "max_length") and ctx.params["max_length"] != constants.max_length:
+        raise click.BadParameter(
+            f"{ctx.params['max_length']} does not match the {constants.max_length} slots of the constants in "
+            f"{constants_file}; drop --max-length (the constants fix L) or calibrate again with it",
+            param_hint="'--max-length'",
+        )
+    for name in ("corpus", "pairs", "max_examples"):
+        if name != "pairs" and ctx.params.get("kind") == "distilled":
+            continue  # distilling the file's constants reads a corpus
+        if given(ctx, name):
+            flag = "--" + name.replace("_", "-")
+            raise click.BadParameter(
+                f"is not used with --constants (the constants are already calibrated); drop {flag} or --constants",
+                param_hint=f"'{flag}'",
+            )
+
+
+@click.command()
+@click.argument("model")
+@click_options(CalibrationOptions)
+@click_options(ConvertOptions, only=("kind",))
+@click_options(DistillOptions)
+@click_options(RunOptions)
+@click_options(FileOutputOptions)
+@verbosity
+@click.pass_context
+@scale_out
+def calibrate(ctx, model, **kwargs):
+    """Average every head's attention over an unlabelled corpus (paper 3.1), or make another kind of constants."""
+    from ..workflow.jobs import run_calibrate
+
+    out = from_kwargs(FileOutputOptions, kwargs)
+    path = run_calibrate(
+        model,
+        from_kwargs(CalibrationOptions, kwargs),
+        from_kwargs(RunOptions, kwargs),
+        out.out,
+        progress=progress_of(ctx),
+        overwrite=out.overwrite,
+        kind=kwargs["kind"],
+        distill=from_kwargs(DistillOptions, kwargs),
+    )
+    click.echo(f"wrote {path}")
+
+
+@click.command()
+@click.argument("model")
+@click_options(RankOptions)
+@click_options(ConvertOptions, only=("constants",))
+@click_options(CalibrationOptions)
+@click_options(RunOptions)
+@click_options(FileOutputOptions)
+@verbosity
+@click.pass_context
+@scale_out
+def rank(ctx, model, constants, **kwargs):
+    """Order the heads from first to last to make constant (paper 3.2, 5.4)."""
+    from ..workflow.jobs import run_rank
+
+    if not kwargs.get("method"):
+        raise click.UsageError(f"missing option '--method' (one of {', '.join(registry.METHODS)})")
+    _refuse_calibration_with_constants(ctx, constants)
+    out = from_kwargs(FileOutputOptions, kwargs)
+    path = run_rank(
+        model,
+        from_kwargs(CalibrationOptions, kwargs),
+        from_kwargs(RankOptions, kwargs),
+        from_kwargs(RunOptions, kwargs),
+        constants,
+        out.out,
+        progress=progress_of(ctx),
+        overwrite=out.overwrite,
+    )
+    click.echo(f"wrote {path}")
+
+
+@click.command()
+@click.argument("model")
+@click_options(ConvertOptions)
+@click_options(CalibrationOptions)
+@click_options(DistillOptions)
+@click_options(RankOptions)
+@click_options(RunOptions)
+@click.option("--push", "do_push", is_flag=True, help="Publish the checkpoint to the Hub after writing it.")
+@click_options(PushOptions)
+@verbosity
+@click.pass_context
+@scale_out
+def convert(ctx, model, do_push, **kwargs):
+    """Make a PAPA checkpoint: calibrate, rank, convert, write the folder (and --push it)."""
+    from ..conversion.inspection import describe
+    from ..workflow.jobs import run_convert
+
+    _refuse_calibration_with_constants(ctx, kwargs.get("constants"))
+    out = run_convert(
+        model,
+        from_kwargs(CalibrationOptions, kwargs),
+        from_kwargs(RankOptions, kwargs),
+        from_kwargs(ConvertOptions, kwargs),
+        from_kwargs(PushOptions, kwargs),
+        from_kwargs(RunOptions, kwargs),
+        do_push=do_push,
+        command=command_line(ctx),
+        progress=progress_of(ctx),
+        distill=from_kwargs(DistillOptions, kwargs),
+    )
+    d = describe(out) if is_main_process() else {}
+    click.echo(f"wrote {out} ({d.get('num_constant_heads', '?')} of {d.get('num_heads_total', '?')} heads constant)")
+
+
+@click.command()
+@click.argument("model")
+@click.argument("analysis", type=click.Choice(("norms", "effective")))
+@click_options(AnalyzeOptions)
+@click.option("--out", required=True, type=click.Path(file_okay=False), help="Output folder (JSON + figures).")
+@verbosity
+@click.pass_context
+@scale_out
+def analyze(ctx, model, analysis, out, **kwargs):
+    """Norm-based (Kobayashi 2020) or effective (Brunner 2020) attention analysis."""
+    from ..workflow.jobs import run_analyze
+
+    target = run_analyze(model, analysis, from_kwargs(AnalyzeOptions, kwargs), out, progress=progress_of(ctx))
+    for path in sorted(target.iterdir()) if is_main_process() else ():
+        click.echo(f"wrote {path}")

@@ -1,0 +1,93 @@
+"""``papa-surgery probe``, ``finetune`` and ``report``: sweeps over tasks, fractions, kinds, methods and seeds.
+
+Adapters over :func:`papa_surgery.experiments.sweep.run_sweep` (with the probe's or the fine-tuning job) and
+:func:`papa_surgery.report.write_report`; both sweep commands take :class:`~papa_surgery.options.SweepOptions`.
+"""
+
+from __future__ import annotations
+
+import click
+
+from ..distributed import scale_out
+from ..options import FinetuneOptions, SweepOptions, click_options, from_kwargs
+from .context import progress_of, verbosity
+
+
+def _sweep_config(model_or_dir: str, sweep: SweepOptions):
+    from ..experiments.config import SweepConfig
+    from ..models.sources import EMBEDDED_HUB_ID, resolve_model
+
+    options = {
+        name: getattr(sweep, name)
+        for name in (
+            "data_dir", "corpus", "max_length", "max_train_examples", "max_eval_examples",
+            "max_calibration_examples", "epochs", "lr", "batch_size", "device",
+        )
+        if getattr(sweep, name) is not None
+    }  # fmt: skip
+    if sweep.distill_steps is not None:
+        options["distill_options"] = {"steps": sweep.distill_steps}
+    return SweepConfig(
+        model=resolve_model(model_or_dir),
+        label=EMBEDDED_HUB_ID if model_or_dir in ("minilm", "embedded") else model_or_dir,
+        tasks=tuple(sweep.tasks),
+        fractions=tuple(sweep.fractions),
+        seeds=tuple(range(sweep.seeds)),
+        **({"kinds": tuple(sweep.kinds)} if sweep.kinds else {}),
+        **({"methods": tuple(sweep.methods)} if sweep.methods else {}),
+        **options,
+    )
+
+
+@click.command()
+@click.argument("model_or_dir")
+@click_options(SweepOptions)
+@verbosity
+@click.pass_context
+@scale_out
+def probe(ctx, model_or_dir, **kwargs):
+    """Probe a frozen model over fractions, seeds, kinds and methods (paper 3.3, 4)."""
+    from ..experiments.sweep import run_sweep
+
+    sweep = from_kwargs(SweepOptions, kwargs)
+    rows = run_sweep(_sweep_config(model_or_dir, sweep), sweep.out, progress=progress_of(ctx))
+    click.echo(f"{len(rows)} result rows in {sweep.out}")
+
+
+@click.command()
+@click.argument("model_or_dir")
+@click_options(SweepOptions)
+@click_options(FinetuneOptions)
+@verbosity
+@click.pass_context
+@scale_out
+def finetune(ctx, model_or_dir, **kwargs):
+    """Fine-tune the whole model end to end over fractions, seeds, kinds and methods, with its cost.
+
+    Each cell converts MODEL_OR_DIR as `probe` does, loads it with the family's stock classification head,
+    trains it with transformers' Trainer (defaults: 3 epochs, lr 5e-5, batch 16, warmup 6%, weight decay
+    0.01; CoLA and MRPC 5 epochs) and scores it on the task's dev split. Rows also record training and inference
+    examples per second, peak memory, trainable parameters and checkpoint size.
+    """
+    from ..experiments.jobs import FinetuneJob
+    from ..experiments.sweep import run_sweep
+
+    sweep = from_kwargs(SweepOptions, kwargs)
+    config = _sweep_config(model_or_dir, sweep)
+    rows = run_sweep(
+        config, sweep.out, progress=progress_of(ctx), job=FinetuneJob(config, from_kwargs(FinetuneOptions, kwargs))
+    )
+    click.echo(f"{len(rows)} result rows in {sweep.out}")
+
+
+@click.command()
+@click.argument("results", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False))
+@click.option("--out", required=True, type=click.Path(file_okay=False), help="Folder for tables and figures.")
+@click.option("--constants", type=click.Path(exists=True), help="Constants file or checkpoint for heat maps.")
+@verbosity
+def report(results, out, constants):
+    """Tables and figures from results files (paper Tables 1-2, Figs. 2-5; fine-tuned beside probed, with cost)."""
+    from ..report import write_report
+
+    for path in write_report(list(results), out, constants=constants):
+        click.echo(f"wrote {path}")

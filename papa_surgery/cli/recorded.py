@@ -1,0 +1,71 @@
+"""What the command line records and shows: the command as a user would retype it, and user-facing warnings.
+
+Both stay torch-free, so ``--help`` answers at once.
+"""
+
+from __future__ import annotations
+
+import shlex
+
+import click
+
+PATH_OPTIONS = ("corpus", "constants", "ranking", "results", "out", "data_dir")
+LOCAL_MODEL = "<local model>"
+
+
+def _public_path(value: str) -> str:
+    """A local path as its last component (no home folders in recipes and cards); anything else unchanged."""
+    import os
+    from pathlib import Path
+
+    text = str(value)
+    if os.path.isabs(text) or text.startswith(("~", "./", "../")) or (os.sep in text and Path(text).exists()):
+        return Path(text.rstrip("/\\")).name or text
+    return text
+
+
+def _public_model(name: str) -> str:
+    """MODEL as the command line records it: itself, its Hub id for a local copy, or ``<local model>``."""
+    from pathlib import Path
+
+    if name in ("minilm", "embedded") or not (Path(name).expanduser().exists() or name.startswith(("/", ".", "~"))):
+        return name
+    from ..models.sources import source_info
+
+    return source_info(name).get("hub_id") or LOCAL_MODEL
+
+
+def command_line(ctx) -> str:
+    """The command as a user would retype it: arguments, then every option that differs from its default.
+
+    Local paths are not recorded: a local MODEL becomes its Hub id (or ``<local model>``), and path options
+    keep only their last component.
+    """
+    parts = ["papa-surgery", ctx.info_name]
+    for param in ctx.command.params:
+        value = ctx.params.get(param.name)
+        if isinstance(param, click.Argument):
+            parts.append(_public_model(str(value)) if param.name in ("model", "model_or_dir") else str(value))
+        elif value not in (None, False, ()) and value != param.default:
+            flag = max(param.opts, key=len)
+            values = value if isinstance(value, tuple) else (value,)
+            for v in values:
+                v = _public_path(v) if param.name in PATH_OPTIONS and isinstance(v, str) else v
+                parts.extend([flag] if v is True else [flag, str(v)])
+    return " ".join(shlex.quote(p) for p in parts)
+
+
+def show_user_warnings(quiet: bool) -> None:
+    """Warnings meant for the user (``papa_surgery.coverage.CoverageWarning``) print as one plain line."""
+    import warnings
+
+    default = getattr(warnings.showwarning, "papa_default", warnings.showwarning)  # installed once per process
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        if category.__name__ != "CoverageWarning":  # matched by name: importing it would import torch
+            return default(message, category, filename, lineno, file, line)
+        if not quiet:
+            click.echo(f"warning: {message}", err=True)
+
+    show.papa_default = default
+    warnings.showwarning = show

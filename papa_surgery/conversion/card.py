@@ -1,0 +1,193 @@
+"""The model card (README.md) of a PAPA checkpoint, rendered from ``cards/papa_model_card.md``.
+
+``render_card`` builds a ``huggingface_hub.ModelCard`` from the folder's ``config.json`` and
+``papa_recipe.json`` (the same facts as ``inspect_checkpoint.describe``), optional probe results
+(JSONL rows: model, task, fraction, kind, method, seed, metric, score) and the command that made it.
+``write_card`` writes ``README.md`` and a heat map of a few constant matrices (``papa_constants.png``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .. import report
+from .inspection import describe, format_coverage
+
+TEMPLATE = Path(__file__).resolve().parents[1] / "cards" / "papa_model_card.md"
+IMAGE_NAME = "papa_constants.png"
+REPO_PLACEHOLDER = "<namespace>/<model-name>"  # hub.push fills it with the repo id in what it uploads
+REVISION_PLACEHOLDER = "<commit>"
+
+BIBTEX = """@inproceedings{hassid-etal-2022-much,
+    title = "How Much Does Attention Actually Attend? Questioning the Importance of Attention in Pretrained Transformers",
+    author = "Hassid, Michael and Peng, Hao and Rotem, Daniel and Kasai, Jungo and Montero, Ivan and Smith, Noah A. and Schwartz, Roy",
+    booktitle = "Findings of the Association for Computational Linguistics: EMNLP 2022",
+    year = "2022",
+    publisher = "Association for Computational Linguistics",
+    url = "https://aclanthology.org/2022.findings-emnlp.101",
+    pages = "1403--1416",
+}"""  # noqa: E501
+
+
+def _template_path() -> Path:
+    if TEMPLATE.is_file():
+        return TEMPLATE
+    packaged = Path(__file__).resolve().parent / "cards" / TEMPLATE.name  # an installed wheel may ship it here
+    if packaged.is_file():
+        return packaged
+    raise FileNotFoundError(f"model card template not found at {TEMPLATE}")
+
+
+def load_results(results) -> list[dict]:
+    """Rows of a results JSONL file (or an iterable of dicts)."""
+    if results is None:
+        return []
+    if isinstance(results, (str, Path)):
+        return report.load_results(results)
+    return [dict(row) for row in results]
+
+
+def results_table(rows: list[dict]) -> str:
+    """Markdown table: one row per (model, task, kind, method, fraction), mean ± 95% CI over seeds."""
+    summary = [s for s in report.summarize([r for r in rows if r.get("score") is not None])]
+    if not summary:
+        return ""
+    lines = [
+        "| model | task | metric | kind | method | fraction constant | score | seeds |",
+        "|---|---|---|---|---|---:|---:|---:|",
+    ]
+    for s in summary:
+        spread = f" ± {s['ci95']:.4f}" if s.get("ci95") is not None else ""
+        lines.append(
+            f"| {s['model']} | {s['task']} | {s['metric']} | {s['kind']} | {s['method']} | {s['fraction']:g} "
+            f"| {s['mean']:.4f}{spread} | {s['n']} |"
+        )
+    return "\n".join(lines)
+
+
+def grid_table(d: dict) -> str:
+    """Markdown layer x head grid (``C`` constant, ``·`` attention)."""
+    heads = range(d["num_heads"])
+    lines = ["| layer | " + " | ".join(str(h) for h in heads) + " |", "|---:|" + "---|" * d["num_heads"]]
+    for layer, row in enumerate(d["grid"]):
+        lines.append(f"| {layer} | " + " | ".join("**C**" if c else "·" for c in row) + " |")
+    return "\n".join(lines)
+
+
+def write_heatmap(checkpoint_dir, max_heads: int = 4, out_name: str = IMAGE_NAME) -> Path | None:
+    """Heat maps of up to ``max_heads`` constant matrices (the report's Fig. 4), next to the weights.
+
+    Returns ``None`` when the checkpoint has no constant heads.
+    """
+    folder = Path(checkpoint_dir)
+    if not describe(folder)["constants"]:
+        return None
+    return report.plot_constants(folder, folder / out_name, max_heads=max_heads)
+
+
+def render_card(
+    checkpoint_dir,
+    results=None,
+    command: str | None = None,
+    *,
+    repo_id: str | None = None,
+    revision: str | None = None,
+    image: str | None = None,
+):
+    """Render the model card of a PAPA checkpoint folder.
+
+    Args:
+        checkpoint_dir: the checkpoint folder (config.json with papa_* fields, papa_recipe.json).
+        results: a results JSONL path or rows (model, task, fraction, kind, method, seed, metric, score).
+        command: the command that made the checkpoint; defaults to the recipe's ``command``.
+        repo_id: the Hub repo id for the usage snippet (default: a placeholder ``push`` fills in).
+        revision: the commit to pin in the usage snippet (default: the ``<commit>`` placeholder).
+        image: file name of a heat-map image next to the card (``write_card`` passes ``papa_constants.png``).
+
+    Returns:
+        a ``huggingface_hub.ModelCard``.
+    """
+    from huggingface_hub import ModelCard, ModelCardData
+
+    d = describe(checkpoint_dir)
+    source = d["source_model"]
+    tags = ["papa", "attention-free", "constant-attention", d["family"], "model-surgery"]
+    card_data = ModelCardData(
+        base_model=d["base_model"],
+        library_name="transformers",
+        license=d["license"],
+        datasets=d["datasets"] or None,
+        pipeline_tag=d["pipeline_tag"],
+        tags=tags,
+    )
+    fraction = d["fraction"]
+    corpus = d["corpus"] or {}
+    corpus_text = str(corpus.get("description") or "not recorded")
+    if corpus.get("examples") is not None:
+        corpus_text += f", {corpus['examples']} examples"
+    if corpus.get("pairs"):
+        corpus_text += " (sentence pairs)"
+    name = source.rstrip("/").split("/")[-1] if source else d["family"]
+    command = command or d["command"] or "(not recorded)"
+    return ModelCard.from_template(
+        card_data,
+        template_path=str(_template_path()),
+        title=f"{name} with PAPA constant attention ({_percent(fraction)} of heads constant)",
+        source_model=source,
+        source_link=f"[{source}](https://huggingface.co/{d['base_model']})" if d["base_model"] else f"`{source}`",
+        family=d["family"],
+        architectures=", ".join(d["architectures"]) or "-",
+        family_notes=d.get("family_notes", "").replace("|", "\\|"),
+        min_transformers=d.get("min_transformers", ""),
+        num_constant_heads=d["num_constant_heads"],
+        num_heads_total=d["num_heads_total"],
+        fraction_percent=_percent(fraction),
+        fraction_text="?" if fraction is None else f"{fraction:.4g}",
+        kind=d["kind"],
+        method=d["method"],
+        max_length=int(d["max_length"]),
+        calibrated_on=d["calibrated_on"] or "not recorded",
+        corpus_text=corpus_text.replace("|", "\\|"),
+        coverage_text=format_coverage(d["coverage"]).replace("|", "\\|") if d["coverage"] else "not recorded",
+        covered_text=covered_text(d["coverage"], int(d["max_length"])),
+        constants_dtype=d["constants_dtype"],
+        trainable_constants=d["trainable_constants"],
+        format_version=d["format_version"],
+        papa_surgery_version=d["papa_surgery_version"] or "",
+        grid_table=grid_table(d),
+        image=image,
+        results_table=results_table(load_results(results)),
+        auto_class=d["auto_class"],
+        repo_id=repo_id or REPO_PLACEHOLDER,
+        revision=revision or REVISION_PLACEHOLDER,
+        command=command,
+        bibtex=BIBTEX,
+    )
+
+
+def write_card(checkpoint_dir, results=None, command: str | None = None, **kwargs) -> Path:
+    """Write ``README.md`` (and the ``papa_constants.png`` heat map) into the checkpoint folder."""
+    folder = Path(checkpoint_dir)
+    describe(folder)  # fail before writing anything if this is not a PAPA checkpoint
+    image = write_heatmap(folder)
+    card = render_card(folder, results, command, image=image.name if image else None, **kwargs)
+    out = folder / "README.md"
+    card.save(out)
+    return out
+
+
+def covered_text(coverage, max_length: int) -> str:
+    """The card's "covered length" entry: how many slots the calibration corpus reached, and what that means."""
+    seen = coverage.get("slots_seen") if isinstance(coverage, dict) else None
+    if seen is None:
+        return "not recorded (data-free constants need no corpus)"
+    if seen >= max_length:
+        return f"{seen} of {max_length} slots: every constant was measured"
+    return (
+        f"{seen} of {max_length} slots: the corpus reached inputs of up to {seen} tokens; cells beyond were filled "
+        f"from each head's relative-offset profile and special-slot attention (not measured)"
+    )
+
+
+def _percent(fraction) -> str:
+    return "?" if fraction is None else f"{100 * fraction:.4g}%"

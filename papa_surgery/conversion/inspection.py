@@ -1,0 +1,390 @@
+"""What a PAPA checkpoint folder holds: the facts behind ``papa-surgery inspect`` and the model card.
+
+``describe(folder)`` reads ``config.json``, ``papa_recipe.json`` and the header of ``model.safetensors``
+(no weights are loaded) and returns a plain dict; ``format_description`` turns it into text.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from ..hub_code import HUB_CODE_FILES
+from ..hub_code.families import family_for
+
+REQUIRED_FILES = (
+    "config.json",
+    "model.safetensors",
+    "configuration_papa.py",
+    "modeling_papa.py",
+    "papa_recipe.json",
+    "README.md",
+)
+CONSTANTS_SUFFIX = "papa_constants"
+
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
+
+_PIPELINE_TAGS = {
+    "ForMaskedLM": "fill-mask",
+    "ForSequenceClassification": "text-classification",
+    "ForTokenClassification": "token-classification",
+    "ForQuestionAnswering": "question-answering",
+}
+
+
+def read_config(folder: Path) -> dict:
+    """``config.json`` of a PAPA checkpoint; ValueError naming what is missing otherwise."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise ValueError(f"{folder} is not a folder; pass the folder a PAPA conversion wrote")
+    path = folder / "config.json"
+    if not path.is_file():
+        raise ValueError(f"{folder} is not a PAPA checkpoint: it has no config.json")
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{path} is not valid JSON: {err}") from err
+    model_type = str(config.get("model_type", ""))
+    if not model_type.startswith("papa_") or "papa_max_length" not in config or "papa_constant_heads" not in config:
+        raise ValueError(
+            f"{folder} is not a PAPA checkpoint: config.json has model_type={model_type!r} and no papa_* fields "
+            "(convert a model first: papa-surgery convert MODEL --fraction F --out DIR)"
+        )
+    return config
+
+
+def read_recipe(folder: Path) -> dict:
+    path = Path(folder) / "papa_recipe.json"
+    if not path.is_file():
+        return {}
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def base_model_id(source: dict, name: str | None) -> str | None:
+    """The Hub id to declare as ``base_model``: ``source.hub_id``, else a ``namespace/name`` source."""
+    hub_id = source.get("hub_id")
+    if hub_id and is_hub_id(hub_id):
+        return hub_id
+    if name and "/" in name and is_hub_id(name) and not Path(name).exists():
+        return name
+    return None
+
+
+def is_hub_id(name: str | None) -> bool:
+    """Whether ``name`` looks like a Hub repo id (``org/name`` or ``name``), not a local path."""
+    return bool(name) and bool(_HUB_ID.match(name)) and not name.startswith((".", "/")) and ".." not in name
+
+
+def pipeline_tag_for(architectures) -> str:
+    """Hub pipeline tag of a checkpoint's model class (``feature-extraction`` for the bare encoder)."""
+    for arch in architectures or []:
+        for suffix, tag in _PIPELINE_TAGS.items():
+            if arch.endswith(suffix):
+                return tag
+    return "feature-extraction"
+
+
+def auto_class_for(architectures) -> str:
+    """The ``transformers`` auto class that loads a checkpoint's model class."""
+    for arch in architectures or []:
+        for suffix in (*_PIPELINE_TAGS, "ForMultipleChoice"):
+            if arch.endswith(suffix):
+                return f"AutoModel{suffix}"
+    return "AutoModel"
+
+
+def constants_header(folder: Path) -> dict[str, list[int]]:
+    """Shapes of the ``*papa_constants`` tensors in ``model.safetensors`` (header only).
+
+    Compact constants (``hub_code/compact_constants.py``) appear as the ``(Hc, L, L)`` matrices they rebuild,
+    under the same ``<module>.papa_constants`` name, when every part is there with the shape the config needs.
+    """
+    path = Path(folder) / "model.safetensors"
+    if not path.is_file():
+        return {}
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="pt") as f:
+        shapes = {k: list(f.get_slice(k).get_shape()) for k in f.keys() if CONSTANTS_SUFFIX in k.rpartition(".")[2]}
+    out = {k: v for k, v in shapes.items() if k.endswith(CONSTANTS_SUFFIX)}
+    layout = _compact_layout(folder)
+    for band in [k for k in shapes if k.endswith(".papa_constants_band")]:
+        prefix = band.removesuffix("_band")
+        heads = shapes[band][0]
+        expected = layout.shapes(heads).items() if layout is not None else ()
+        found = {n: shapes.get(prefix + n.removeprefix(CONSTANTS_SUFFIX)) for n, _ in expected}
+        if layout is not None and all(found[n] == list(s) for n, s in expected):
+            out[prefix] = [heads, layout.max_length, layout.max_length]
+        else:
+            out[prefix] = [heads, "compact parts that do not match the config"]
+    return out
+
+
+def _compact_layout(folder: Path):
+    from ..hub_code.compact_constants import CompactLayout
+
+    class _Config:  # CompactLayout.from_config reads attributes
+        def __init__(self, d):
+            self.__dict__.update(d)
+
+    try:
+        return CompactLayout.from_config(_Config(read_config(folder)))
+    except (ValueError, TypeError):
+        return None
+
+
+def read_constants(folder: Path) -> dict[str, object]:
+    """``{<module>.papa_constants: (Hc, L, L) float32 tensor}`` of a checkpoint, compact parts rebuilt."""
+    from safetensors import safe_open
+
+    from ..hub_code.compact_constants import COMPACT_PARTS, rebuild
+
+    layout = _compact_layout(folder)
+    out = {}
+    with safe_open(str(Path(folder) / "model.safetensors"), framework="pt") as f:
+        for name in constants_header(folder):
+            if name in f.keys():
+                out[name] = f.get_tensor(name).float()
+            elif layout is not None:
+                parts = {part: f.get_tensor(name + part.removeprefix(CONSTANTS_SUFFIX)) for part in COMPACT_PARTS}
+                out[name] = rebuild(parts, layout)
+    return out
+
+
+def hub_datasets(corpus: dict) -> list[str]:
+    """Hub datasets a calibration corpus came from (``hub_dataset`` or a ``name[:config]:split:column`` spec)."""
+    names = []
+    description = str(corpus.get("description") or "")
+    if description.startswith("Hub dataset "):  # corpus.load_corpus's description of a Hub spec
+        spec = description[len("Hub dataset ") :].split()[0]
+        if is_hub_id(spec.split(":")[0]):
+            names.append(spec.split(":")[0])
+    for key in ("hub_dataset", "dataset", "spec", "source"):
+        value = corpus.get(key)
+        if not isinstance(value, str) or not value:
+            continue
+        name = value.split(":")[0] if value.count(":") >= 2 else (value if key == "hub_dataset" else "")
+        if is_hub_id(name) and not Path(name).exists():
+            names.append(name)
+    return sorted(set(names))
+
+
+def describe(folder) -> dict:
+    """The facts of a PAPA checkpoint folder as a plain dict (see ``format_description``)."""
+    folder = Path(folder)
+    config = read_config(folder)
+    recipe = read_recipe(folder)
+    family = family_for(config["model_type"])
+    num_layers = int(config.get(family.layers_attr) or 0)
+    num_heads = int(config.get(family.heads_attr) or 0)
+    heads = _heads(config.get("papa_constant_heads"))
+    grid = [[False] * num_heads for _ in range(num_layers)]
+    for layer, head in heads:
+        if layer < num_layers and head < num_heads:
+            grid[layer][head] = True
+    total = num_layers * num_heads
+    fraction = config.get("papa_fraction")
+    if fraction is None and total:
+        fraction = len(heads) / total
+    source = recipe.get("source") or {}
+    corpus = recipe.get("corpus") or {}
+    ranking = recipe.get("ranking") or {}
+    files = {p.name: p.stat().st_size for p in sorted(folder.iterdir()) if p.is_file()}
+    versions = dict(recipe.get("library_versions") or {})
+    if config.get("transformers_version"):
+        versions.setdefault("transformers", config["transformers_version"])
+    return {
+        "folder": str(folder),
+        "family": family.model_type,
+        "family_notes": family.notes,
+        "min_transformers": ".".join(map(str, family.min_transformers)),
+        "model_type": config["model_type"],
+        "architectures": list(config.get("architectures") or []),
+        "auto_class": auto_class_for(config.get("architectures")),
+        "pipeline_tag": pipeline_tag_for(config.get("architectures")),
+        "source_model": config.get("papa_source_model") or source.get("model"),
+        "source_revision": source.get("revision"),
+        "base_model": base_model_id(source, config.get("papa_source_model") or source.get("model")),
+        "license": source.get("license") or recipe.get("license"),
+        "num_layers": num_layers,
+        "num_heads": num_heads,
+        "hidden_size": config.get("hidden_size", config.get("dim")),
+        "num_constant_heads": len(heads),
+        "num_heads_total": total,
+        "fraction": fraction,
+        "constant_heads": heads,
+        "grid": grid,
+        "kind": config.get("papa_kind") or recipe.get("kind"),
+        "method": config.get("papa_method") or ranking.get("method"),
+        "ranking_provenance": ranking.get("provenance"),
+        "max_length": config.get("papa_max_length"),
+        "calibrated_on": config.get("papa_calibrated_on"),
+        "sep_token_id": config.get("papa_sep_token_id"),
+        "constants_dtype": config.get("papa_constants_dtype"),
+        "constants_storage": "dense"
+        if config.get("papa_compact_band") is None
+        else f"compact (band {config['papa_compact_band']}, rank {config.get('papa_compact_rank')})",
+        "trainable_constants": bool(config.get("papa_trainable_constants")),
+        "corpus": corpus,
+        "datasets": hub_datasets(corpus),
+        "coverage": recipe.get("coverage"),
+        "command": recipe.get("command"),
+        "created": recipe.get("created"),
+        "format_version": config.get("papa_format_version"),
+        "papa_surgery_version": config.get("papa_surgery_version") or recipe.get("papa_surgery_version"),
+        "library_versions": versions,
+        "files": files,
+        "total_size": sum(files.values()),
+        "missing_files": [name for name in REQUIRED_FILES if name not in files],
+        "constants": constants_header(folder),
+        "problems": checkpoint_problems(folder, config, num_layers, num_heads),
+    }
+
+
+def _heads(value) -> list[list[int]]:
+    """The well-formed ``[layer, head]`` entries of ``papa_constant_heads``, sorted (problems are reported apart)."""
+    out = []
+    for item in value if isinstance(value, list) else []:
+        if (
+            isinstance(item, list)
+            and len(item) == 2
+            and all(isinstance(v, int) and not isinstance(v, bool) for v in item)
+        ):
+            out.append([int(item[0]), int(item[1])])
+    return sorted(out)
+
+
+_LAYER = re.compile(r"\.layers?\.(\d+)\.")
+
+
+def checkpoint_problems(folder: Path, config: dict, num_layers: int, num_heads: int) -> list[str]:
+    """What would stop ``AutoModel.from_pretrained(folder, trust_remote_code=True)`` (empty when it loads).
+
+    Checks what loading relies on: the head list (a list of in-range, distinct ``[layer, head]`` pairs),
+    ``papa_max_length``, one ``(constant heads, L, L)`` constants tensor per layer with constant heads, and
+    every code file the model imports.
+    """
+    folder = Path(folder)
+    problems = []
+    raw = config.get("papa_constant_heads")
+    if not isinstance(raw, list):
+        problems.append(f"papa_constant_heads is {json.dumps(raw)}, not a list of [layer, head] pairs")
+        raw = []
+    heads = _heads(raw)
+    if len(heads) != len(raw):
+        problems.append("papa_constant_heads has entries that are not [layer, head] integer pairs")
+    bad = [h for h in heads if not (0 <= h[0] < num_layers and 0 <= h[1] < num_heads)]
+    if bad:
+        problems.append(f"constant head(s) {bad[:3]} out of range for {num_layers} layers x {num_heads} heads")
+    if len({tuple(h) for h in heads}) != len(heads):
+        problems.append("papa_constant_heads lists a head more than once")
+    length = config.get("papa_max_length")
+    if not isinstance(length, int) or isinstance(length, bool) or length < 1:
+        problems.append(f"papa_max_length is {json.dumps(length)}, not a positive integer")
+        length = None
+    missing_code = [name for name in HUB_CODE_FILES if not (folder / name).is_file()]
+    if missing_code:
+        problems.append(f"missing model code {', '.join(missing_code)} (copy it from papa_surgery/hub_code)")
+    if not (folder / "model.safetensors").is_file():
+        problems.append("missing model.safetensors")
+        return problems
+    try:
+        tensors = constants_header(folder)
+    except Exception as err:  # a damaged header
+        return [*problems, f"model.safetensors cannot be read: {err}"]
+    per_layer: dict[int, int] = {}
+    for layer, _ in heads:
+        per_layer[layer] = per_layer.get(layer, 0) + 1
+    found = {}
+    for name, shape in tensors.items():
+        match = _LAYER.search("." + name)
+        found[int(match.group(1)) if match else -1] = (name, shape)
+    for layer, count in sorted(per_layer.items()):
+        if layer not in found:
+            problems.append(f"layer {layer} has {count} constant head(s) but model.safetensors has no constants for it")
+            continue
+        name, shape = found[layer]
+        if length is not None and list(shape) != [count, length, length]:
+            problems.append(
+                f"{name} has shape {shape}, but the config needs [{count}, {length}, {length}] "
+                f"({count} constant head(s), papa_max_length={length})"
+            )
+    extra = sorted(set(found) - set(per_layer))
+    if extra:
+        problems.append(f"model.safetensors has constants for layer(s) {extra} with no constant heads in the config")
+    return problems
+
+
+def head_grid_lines(d: dict, constant: str = "C", kept: str = ".") -> list[str]:
+    """The layer x head grid as text lines (``C`` constant, ``.`` input-dependent attention)."""
+    width = max(2, len(str(d["num_heads"] - 1)))
+    lines = ["layer " + "".join(f"{h:>{width}}" for h in range(d["num_heads"]))]
+    for layer, row in enumerate(d["grid"]):
+        lines.append(f"{layer:>5} " + "".join(f"{constant if c else kept:>{width}}" for c in row))
+    return lines
+
+
+def human_size(n: int) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1024 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n} B"
+
+
+def format_description(d: dict) -> str:
+    """Human-readable text of ``describe``'s dict (what ``papa-surgery inspect DIR`` prints)."""
+    fraction = d["fraction"]
+    lines = [
+        f"PAPA checkpoint: {d['folder']}",
+        f"  family          {d['family']} ({', '.join(d['architectures']) or 'no architectures'})",
+        *[f"  family notes    {d['family_notes']}; needs transformers>={d['min_transformers']}"]
+        * bool(d.get("family_notes")),
+        f"  source          {d['source_model']}" + (f" @ {d['source_revision']}" if d["source_revision"] else ""),
+        f"  constant heads  {d['num_constant_heads']} of {d['num_heads_total']}"
+        + (f" (fraction {fraction:.4g})" if fraction is not None else ""),
+        f"  kind            {d['kind']}",
+        f"  ranking         {d['method']}",
+        f"  slots (L)       {d['max_length']}   calibrated on {d['calibrated_on']}   dtype {d['constants_dtype']}"
+        + f"   storage {d['constants_storage']}"
+        + ("   trainable" if d["trainable_constants"] else ""),
+    ]
+    corpus = d["corpus"] or {}
+    if corpus:
+        lines.append(
+            f"  corpus          {corpus.get('description', '?')}"
+            + (f" ({corpus['examples']} examples)" if corpus.get("examples") is not None else "")
+            + (", pairs" if corpus.get("pairs") else "")
+        )
+    if d["coverage"]:
+        lines.append(f"  coverage        {format_coverage(d['coverage'])}")
+    lines.append(f"  format          v{d['format_version']}, papa-surgery {d['papa_surgery_version']}")
+    if d["library_versions"]:
+        lines.append("  libraries       " + ", ".join(f"{k} {v}" for k, v in sorted(d["library_versions"].items())))
+    if d["command"]:
+        lines.append(f"  command         {d['command']}")
+    lines.append("  heads (C = constant, . = attention):")
+    lines += ["    " + line for line in head_grid_lines(d)]
+    lines.append(f"  files ({human_size(d['total_size'])}):")
+    lines += [f"    {name:<28} {human_size(size):>10}" for name, size in d["files"].items()]
+    if d["missing_files"]:
+        lines.append(f"  missing         {', '.join(d['missing_files'])}")
+    for problem in d.get("problems") or []:
+        lines.append(f"  PROBLEM         {problem}")
+    return "\n".join(lines)
+
+
+def format_coverage(coverage) -> str:
+    """A short text of the recipe's coverage entry (any JSON: dicts print as ``key value`` pairs)."""
+    if isinstance(coverage, dict):
+        parts = []
+        for key, value in coverage.items():
+            if isinstance(value, list):
+                value = f"[{len(value)} values]" if len(value) > 8 else value
+            parts.append(f"{key} {value}")
+        return ", ".join(parts)
+    if isinstance(coverage, list) and coverage and all(isinstance(v, (int, float)) for v in coverage):
+        seen = sum(1 for v in coverage if v > 0)
+        return f"{seen} of {len(coverage)} slots seen, min {min(coverage)}, max {max(coverage)} examples per slot"
+    return str(coverage)

@@ -1,0 +1,198 @@
+"""How an option is defined and checked: errors in each front end's words, click types, ``opt`` fields.
+
+See :mod:`papa_surgery.options` for the whole picture.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from dataclasses import field
+from fractions import Fraction
+from typing import Any
+
+import click
+
+from ..failures import ArgumentError, ArgumentTypeError, flag
+
+# ---------------------------------------------------------------------------------------- click types
+
+
+class FractionType(click.ParamType):
+    """A share between 0 and 1, as a decimal or a fraction (``0.875`` or ``7/8``)."""
+
+    name = "fraction"
+    py_types = (int, float)
+
+    def convert(self, value, param, ctx) -> float:
+        if isinstance(value, bool):
+            self.fail(f"{value!r} is not a number between 0 and 1", param, ctx)
+        try:
+            number = float(Fraction(str(value).strip())) if isinstance(value, str) else float(value)
+        except (ValueError, ZeroDivisionError, TypeError):
+            self.fail(
+                f"{value!r} is not a number between 0 and 1 (a decimal such as 0.875 or a fraction 7/8)", param, ctx
+            )
+        if math.isnan(number) or not 0.0 <= number <= 1.0:
+            self.fail(f"{value} is not between 0 and 1 (the share of heads made constant)", param, ctx)
+        return number
+
+
+class FractionListType(click.ParamType):
+    """Comma-separated shares between 0 and 1 (``0,1/2,7/8,1``); equal values (``0.5`` and ``1/2``) count once."""
+
+    name = "fractions"
+    py_types = (str, list, tuple)
+
+    def convert(self, value, param, ctx) -> tuple[float, ...]:
+        if isinstance(value, tuple) and all(isinstance(v, float) for v in value):
+            return value  # already converted (click passes defaults through convert too)
+        items = value.split(",") if isinstance(value, str) else list(value)
+        if not items or any(not str(x).strip() for x in items):
+            self.fail(f"{value!r} has an empty item; write the shares separated by commas, e.g. 0,1/2,1", param, ctx)
+        one = FractionType()
+        out: dict[float, float] = {}
+        for item in items:
+            number = one.convert(item, param, ctx)
+            out.setdefault(round(number, 6), number)
+        return tuple(out.values())
+
+
+class DeviceType(click.ParamType):
+    """A torch device name: ``cpu``, ``cuda``, ``cuda:1``, ``mps``, ``xpu``... (availability is checked on use)."""
+
+    name = "device"
+    py_types = (str,)
+    _PATTERN = re.compile(r"^(cpu|cuda|mps|xpu|npu|hpu|meta)(:\d+)?$")
+
+    def convert(self, value, param, ctx) -> str:
+        text = str(value)
+        if hasattr(value, "type") and hasattr(value, "index"):  # a torch.device
+            return text
+        if not self._PATTERN.match(text):
+            self.fail(f"{value!r} is not a device: use cpu, cuda, cuda:N, mps or xpu", param, ctx)
+        return text
+
+
+FRACTION = FractionType()
+POSITIVE_INT = click.IntRange(min=1)
+POSITIVE_FLOAT = click.FloatRange(min=0, min_open=True)
+SLOTS = click.IntRange(min=4)
+
+# ------------------------------------------------------------------------------------- defining options
+
+
+def opt(
+    help: str,
+    default: Any = None,
+    *,
+    flag: str | None = None,
+    short: str | None = None,
+    cli: bool = True,
+    **click_kwargs,
+):
+    """A dataclass field that is also a click option (``--name`` from the field name unless ``flag``).
+
+    ``cli=False``: an argument of the Python API only (checked the same way, no flag of its own).
+    """
+    meta = {"help": help, "flag": flag, "short": short, "cli": cli, "click": click_kwargs}
+    return field(default=default, metadata=meta)
+
+
+def _python_types(meta: dict) -> tuple[type, ...] | None:
+    """The Python types the API may pass for a field (``None``: anything the click type converts)."""
+    kwargs = meta.get("click", {})
+    if kwargs.get("is_flag"):
+        return (bool,)
+    kind = kwargs.get("type")
+    if isinstance(kind, (click.IntRange,)) or kind is int:
+        return (int,)
+    if isinstance(kind, (click.FloatRange,)) or kind is float:
+        return (int, float)
+    if isinstance(kind, click.Choice):
+        return (str,)
+    return getattr(kind, "py_types", None)
+
+
+def _described(value) -> str:
+    return f"the {type(value).__name__} {value!r}"
+
+
+class Checked:
+    """Mixin for option dataclasses: every field is checked with its click type when the dataclass is built."""
+
+    def __post_init__(self):
+        for f in dataclasses.fields(self):
+            meta = f.metadata
+            value = getattr(self, f.name)
+            if "help" not in meta:
+                continue
+            if value is None and meta["click"].get("required"):
+                raise ArgumentError(f.name, "is required")
+            if value is None or (value == f.default and type(value) is type(f.default)):
+                continue
+            kwargs = meta["click"]
+            if kwargs.get("multiple"):
+                values = value if isinstance(value, (tuple, list)) else (value,)
+                checked = tuple(_check(f.name, meta, v) for v in values)
+                object.__setattr__(self, f.name, checked)
+            else:
+                object.__setattr__(self, f.name, _check(f.name, meta, value))
+
+
+def _check(name: str, meta: dict, value):
+    types = _python_types(meta)
+    if types is not None and (
+        not isinstance(value, types)
+        or (isinstance(value, bool) and bool not in types and not meta["click"].get("is_flag"))
+    ):
+        want = " or ".join(t.__name__ for t in types)
+        raise ArgumentTypeError(name, f"must be {want}, got {_described(value)}")
+    kind = meta["click"].get("type")
+    if isinstance(kind, click.ParamType):
+        try:
+            return kind.convert(value, None, None)
+        except click.BadParameter as err:
+            raise ArgumentError(name, err.format_message()) from None
+    return value
+
+
+def click_options(cls, only: tuple[str, ...] | None = None):
+    """Decorator adding one click option per field of the dataclass ``cls`` (in field order; ``only`` those)."""
+
+    def decorate(func):
+        for f in reversed(dataclasses.fields(cls)):
+            if "help" not in f.metadata or not f.metadata["cli"] or (only is not None and f.name not in only):
+                continue
+            meta = f.metadata
+            names = [meta["flag"] or flag(f.name)]
+            if meta["short"]:
+                names.insert(0, meta["short"])
+            kwargs = dict(meta["click"])
+            if kwargs.get("is_flag"):
+                kwargs.setdefault("default", bool(f.default))
+            elif f.default is not None and not isinstance(f.default, dataclasses._MISSING_TYPE):
+                kwargs.setdefault("default", f.default)  # click 8.2+ treats default=None as a value when required
+                kwargs.setdefault("show_default", True)
+            func = click.option(*names, f.name, help=meta["help"], **kwargs)(func)
+        return func
+
+    return decorate
+
+
+def from_kwargs(cls, kwargs: dict):
+    """Build ``cls`` from parsed click values (or API keyword arguments), ignoring keys of other option groups."""
+    names = {f.name for f in dataclasses.fields(cls)}
+    return cls(**{k: v for k, v in kwargs.items() if k in names})
+
+
+def split_kwargs(kwargs: dict, *classes) -> tuple:
+    """One dataclass per class from ``kwargs``; ``TypeError`` for a keyword none of them has."""
+    known = {f.name for cls in classes for f in dataclasses.fields(cls)}
+    unknown = sorted(set(kwargs) - known)
+    if unknown:
+        raise TypeError(
+            f"unexpected keyword argument(s) {', '.join(map(repr, unknown))}; known: {', '.join(sorted(known))}"
+        )
+    return tuple(from_kwargs(cls, kwargs) for cls in classes)

@@ -1,0 +1,248 @@
+"""The option groups: one frozen dataclass per concern, each field a click option (:mod:`.checks`)."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import click
+
+from .. import registry
+from .checks import FRACTION, POSITIVE_FLOAT, POSITIVE_INT, SLOTS, Checked, DeviceType, FractionListType, opt
+
+DEFAULT_CORPUS_HELP = (
+    "Calibration corpus: a text file (one example per line, TAB between a pair), a datasets folder/file, or a "
+    "Hub spec name[:config]:split:column. Default: WikiText-103 train from the Hub, or offline the bundled excerpt."
+)
+
+
+@dataclass(frozen=True)
+class RunOptions(Checked):
+    """Where and how models run."""
+
+    device: str | None = opt(
+        "Device to run on (cpu, cuda, cuda:1...). Default: cuda when available, else cpu.", type=DeviceType()
+    )
+    model_dtype: str = opt("Dtype the model runs in.", "fp32", type=click.Choice(registry.DTYPES))
+    batch_size: int = opt("Examples per forward pass.", 32, type=POSITIVE_INT)
+    seed: int = opt("Random seed.", 0, type=click.IntRange(min=0))
+
+
+@dataclass(frozen=True)
+class CalibrationOptions(Checked):
+    """How constants are calibrated (paper 3.1)."""
+
+    corpus: str | None = opt(DEFAULT_CORPUS_HELP)
+    max_length: int = opt("Slots L of each constant matrix (longest input the model accepts).", 128, type=SLOTS)
+    pairs: bool = opt("The corpus holds sentence pairs (middle separator at slot L/2).", False, is_flag=True)
+    max_examples: int | None = opt("Use at most this many corpus examples.", None, type=POSITIVE_INT)
+
+
+@dataclass(frozen=True)
+class DistillOptions(Checked):
+    """How ``distilled`` constants are trained (label-free: the source's hidden states are the targets)."""
+
+    distill_steps: int = opt("Optimisation steps for --kind distilled (the step budget).", 200, type=POSITIVE_INT)
+    distill_objective: str = opt(
+        "What --kind distilled matches: every layer's hidden states, or the last layer's only.",
+        "layers",
+        type=click.Choice(("layers", "last")),
+    )
+    distill_lr: float = opt("Learning rate (Adam, on log C) for --kind distilled.", 0.01, type=POSITIVE_FLOAT)
+
+    def kwargs(self) -> dict:
+        """Keyword arguments for :func:`papa_surgery.healing.distill`."""
+        return {"steps": self.distill_steps, "objective": self.distill_objective, "lr": self.distill_lr}
+
+
+@dataclass(frozen=True)
+class RankOptions(Checked):
+    """How heads are ordered for replacement (paper 3.2, 5.4)."""
+
+    method: str | None = opt(
+        "Head ranking method (default: lambda with --task, else variance).", None, type=click.Choice(registry.METHODS)
+    )
+    ranking: str | None = opt(
+        "A ranking JSON file from `papa-surgery rank` (instead of --method).",
+        type=click.Path(exists=True, dir_okay=False),
+    )
+    task: str | None = opt("Labelled task for the lambda ranking (sst2, cola, mrpc, mnli, ner, pos...).")
+    data_dir: str | None = opt(
+        "Read the task from local files in their standard formats (e.g. ../shared/data).",
+        type=click.Path(exists=True, file_okay=False),
+    )
+    steps: int | None = opt("Training steps for the lambda ranking.", None, type=POSITIVE_INT)
+    max_train_examples: int | None = opt("Use at most this many labelled training examples.", None, type=POSITIVE_INT)
+
+    @property
+    def resolved_method(self) -> str:
+        """The method this request runs: the given one, or the registry's default for the task."""
+        return self.method or registry.default_method(self.task)
+
+
+@dataclass(frozen=True)
+class ConvertOptions(Checked):
+    """What the converted checkpoint holds."""
+
+    fraction: float = opt(
+        "Share of heads made constant: 0 is the source model, 1 is attention-free (a decimal or a fraction: 7/8).",
+        None,
+        required=True,
+        type=FRACTION,
+    )
+    constants: str | None = opt(
+        "A constants file from `papa-surgery calibrate` (instead of calibrating).",
+        type=click.Path(exists=True, dir_okay=False),
+    )
+    kind: str = opt("Constant matrices to use.", "average", type=click.Choice(registry.CONSTANT_KINDS))
+    dtype: str = opt("Storage dtype of the constants.", "fp32", type=click.Choice(registry.DTYPES))
+    storage: str = opt(
+        "How constants are stored: dense L x L matrices, or compact (band, special slots, relative-offset profile "
+        "and a rank-16 residual; what the model computes with, exactly). auto: dense up to L=128, compact above.",
+        "auto",
+        type=click.Choice(tuple(registry.STORAGES)),
+    )
+    trainable_constants: bool = opt(
+        "Let fine-tuning update the constants (the paper's labeled matrices).", False, is_flag=True
+    )
+    out: str | None = opt("Output folder. Default: <model-name>-papa-<fraction> in the current folder.")
+    overwrite: bool = opt("Replace an earlier checkpoint papa-surgery wrote there.", False, is_flag=True)
+    results: str | None = opt(
+        "Probe results (JSONL from `papa-surgery probe`) to show in the model card.",
+        type=click.Path(exists=True, dir_okay=False),
+    )
+
+
+@dataclass(frozen=True)
+class FileOutputOptions(Checked):
+    """A command's output file (constants, a ranking)."""
+
+    out: str = opt("Output file.", None, required=True, type=click.Path(dir_okay=False))
+    overwrite: bool = opt(
+        "Replace an earlier file of the same kind that papa-surgery wrote there.", False, is_flag=True
+    )
+
+
+@dataclass(frozen=True)
+class PushOptions(Checked):
+    """Publishing to the Hugging Face Hub."""
+
+    repo_id: str | None = opt(
+        "Hub repository id, e.g. user/minilm-papa-0.5. Default: <your token's namespace>/<output folder name>."
+    )
+    private: bool = opt("Create the repository as private.", False, is_flag=True)
+    revision: str | None = opt("Branch to push to.")
+    create_pr: bool = opt("Open a pull request instead of committing to the branch.", False, is_flag=True)
+
+
+@dataclass(frozen=True)
+class SweepOptions(Checked):
+    """What a probe or fine-tuning sweep covers (tasks x corpora x kinds x methods x fractions x seeds)."""
+
+    tasks: tuple[str, ...] = opt(
+        "Task(s): sst2, cola, mrpc, mnli, ner, pos, pos-ud (repeat for several).",
+        (),
+        flag="--task",
+        multiple=True,
+        required=True,
+    )
+    data_dir: str | None = opt(
+        "Read tasks from local files (e.g. ../shared/data) instead of the Hub.",
+        type=click.Path(exists=True, file_okay=False),
+    )
+    fractions: tuple[float, ...] = opt(
+        "Comma-separated shares of heads made constant (decimals or fractions such as 7/8).",
+        "0,1/2,7/8,15/16,1",
+        type=FractionListType(),
+    )
+    seeds: int = opt("Seeds per cell (0, 1, ... N-1).", 3, type=POSITIVE_INT)
+    kinds: tuple[str, ...] = opt(
+        "Constant kind(s) (default average; repeat for several).",
+        (),
+        flag="--kind",
+        multiple=True,
+        type=click.Choice(registry.SWEEP_KINDS),
+    )
+    methods: tuple[str, ...] = opt(
+        "Ranking method(s) (default variance; repeat for several).",
+        (),
+        flag="--method",
+        multiple=True,
+        type=click.Choice(registry.METHODS),
+    )
+    corpus: str | None = opt(
+        "Calibration corpus: the task's own unlabelled training text (the paper's, default), 'default' (the "
+        "workflow's default corpus), task:NAME (another task's text), or anything --corpus of calibrate takes."
+    )
+    max_length: int | None = opt("Slots L (default: the task's App. B length).", type=SLOTS)
+    max_train_examples: int | None = opt("Cap training examples per task.", type=POSITIVE_INT)
+    max_eval_examples: int | None = opt("Cap evaluation examples per task.", type=POSITIVE_INT)
+    max_calibration_examples: int | None = opt("Cap calibration examples.", type=POSITIVE_INT)
+    epochs: int | None = opt(
+        "Override the task's epochs (probe: App. B; fine-tuning: 3, or 5 for CoLA/MRPC).", type=POSITIVE_INT
+    )
+    lr: float | None = opt("Override the task's learning rate (a positive number).", type=POSITIVE_FLOAT)
+    batch_size: int | None = opt("Override the task's batch size.", type=POSITIVE_INT)
+    device: str | None = opt("Device (cpu, cuda, cuda:1...).", type=DeviceType())
+    distill_steps: int | None = opt("Step budget of the distilled kind (default 200).", type=POSITIVE_INT)
+    out: str = opt("Results file (JSONL, appended).", None, required=True, type=click.Path(dir_okay=False))
+
+
+_FINETUNE_TASK_DEFAULTS: dict[str, dict] = {"cola": {"epochs": 5}, "mrpc": {"epochs": 5}}
+
+
+@dataclass(frozen=True)
+class FinetuneOptions(Checked):
+    """How each fine-tuning cell trains the whole model end to end; ``None`` = the task's default.
+
+    The defaults follow common BERT-family practice (Devlin et al. 2019; Liu et al. 2019): AdamW with linear
+    decay and 6% warmup, weight decay 0.01, 3 epochs (5 for the small CoLA and MRPC, whose dev scores are
+    noisy after 3), batch 16 and learning rate 5e-5, the top of Devlin et al.'s grid: the runs this command
+    is for (a few thousand examples, small encoders) take few steps, and at 2e-5 with batch 32
+    all-MiniLM-L6-v2 stays at SST-2's majority baseline after one epoch on 1,000 examples (0.509; 5e-5 with
+    batch 16: 0.712). The probe's App. B values are for a frozen backbone and do not carry over.
+
+    Attributes:
+        epochs, lr, batch_size: training length, peak learning rate, examples per step.
+        weight_decay: AdamW weight decay (not applied to biases and LayerNorms, as transformers' Trainer does).
+        warmup_ratio: share of the steps spent warming the learning rate up linearly.
+        eval_batch_size: examples per evaluation step (also the batch of the inference-speed measurement).
+        early_stopping_patience: stop after this many epochs without a better dev score; ``None`` (the
+            default) trains every epoch and scores the last model.
+        trainable_constants: the constant heads' matrices get gradients too (frozen by default).
+        max_length: slots L of a source model (default: the task's App. B length, as the probe uses); a PAPA
+            model always uses its own L.
+    """
+
+    epochs: int | None = opt("", cli=False, type=POSITIVE_INT)
+    lr: float | None = opt("", cli=False, type=POSITIVE_FLOAT)
+    batch_size: int | None = opt("", cli=False, type=POSITIVE_INT)
+    weight_decay: float = opt("AdamW weight decay.", 0.01, type=click.FloatRange(min=0))
+    warmup_ratio: float = opt("Share of the steps spent warming up.", 0.06, type=click.FloatRange(0, 1, max_open=True))
+    eval_batch_size: int = opt("Examples per evaluation step.", 64, type=POSITIVE_INT)
+    early_stopping_patience: int | None = opt(
+        "Stop after this many epochs without a better dev score (default: off, every epoch runs).", type=POSITIVE_INT
+    )
+    trainable_constants: bool = opt("Give the constant heads' matrices gradients too.", False, is_flag=True)
+    max_length: int | None = opt("", cli=False, type=SLOTS)
+
+    # epochs, lr, batch_size and max_length are SweepOptions' flags on the command line (one flag each)
+
+    def for_task(self, task) -> FinetuneOptions:
+        """These options with every ``None`` filled from ``task``'s defaults."""
+        defaults = {"epochs": 3, "lr": 5e-5, "batch_size": 16, **_FINETUNE_TASK_DEFAULTS.get(task.name, {})}
+        return dataclasses.replace(self, **{k: v for k, v in defaults.items() if getattr(self, k) is None})
+
+    def as_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class AnalyzeOptions(Checked):
+    """An analysis pass over a corpus (norm-based or effective attention)."""
+
+    corpus: str | None = opt("Corpus to analyse (as for calibrate). Default: the workflow's default corpus.")
+    max_length: int = opt("Slots L.", 128, type=SLOTS)
+    max_examples: int = opt("Examples to use.", 1000, type=POSITIVE_INT)
+    batch_size: int = opt("Examples per batch.", 32, type=POSITIVE_INT)
+    device: str | None = opt("Device (cpu, cuda...).", type=DeviceType())

@@ -1,0 +1,309 @@
+"""Outputs that appear whole or not at all, and never over something this run did not create.
+
+Every file or folder papa-surgery writes is assembled in a hidden *staging* sibling of its target
+(``.<name>.papa-staging-<pid>-<random>``, holding a small marker with the writer's pid and host) and moved
+into place at the end with a rename that fails when the target exists (``renameat2(RENAME_NOREPLACE)`` on
+Linux, ``renamex_np(RENAME_EXCL)`` on macOS, else a claim by ``mkdir`` or ``link``). So:
+
+- a folder or file that appears at the target while a run works (another run, the user) is never replaced:
+  the run stops with an error naming where its finished result was kept;
+- SIGTERM, SIGHUP and SIGINT raise inside :func:`signals_raise`, so the staging copy is removed;
+- a run killed outright (SIGKILL, power loss) leaves a staging copy whose writer is gone: the next run on the
+  same target removes it (:func:`clean_leftovers`) and says so;
+- outputs get the permissions the user's umask gives new files (``mkdtemp`` alone would give 0700/0600).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as _dt
+import errno
+import json
+import logging
+import os
+import secrets
+import shutil
+import socket
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+from .signals import signals_raise
+
+logger = logging.getLogger("papa_surgery")
+
+STAGING_TAG = ".papa-staging-"
+MARKER = ".papa-staging.json"
+
+
+class OutputExistsError(FileExistsError):
+    """The target appeared while this run worked; ``kept`` is where the finished result was put instead."""
+
+    def __init__(self, target: Path, kept: Path | None):
+        self.target, self.kept = Path(target), kept
+        where = f"the finished result was kept at {kept}" if kept else "nothing was written"
+        super().__init__(
+            f"{target} appeared while this run was working and was left untouched; {where} "
+            f"(move it into place yourself, or choose another output path)"
+        )
+
+
+# ---------------------------------------------------------------------------------------------- permissions
+def user_umask() -> int:
+    """The process umask (read from /proc where possible, so no thread sees a changed umask)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def apply_umask(path: Path) -> None:
+    """Give ``path`` (a folder, recursively, or a file) the permissions a plain ``open``/``mkdir`` would."""
+    mask = user_umask()
+    path = Path(path)
+    if path.is_dir():
+        os.chmod(path, 0o777 & ~mask)
+        for root, dirs, files in os.walk(path):
+            for name in dirs:
+                os.chmod(os.path.join(root, name), 0o777 & ~mask)
+            for name in files:
+                p = os.path.join(root, name)
+                if (os.stat(p).st_mode & 0o777) in (0o600, 0o700):  # tempfile-made: widen to the umask's
+                    os.chmod(p, 0o666 & ~mask)
+    else:
+        os.chmod(path, 0o666 & ~mask)
+
+
+# ---------------------------------------------------------------------------------------------- renames
+def _renameat2_noreplace(src: str, dst: str) -> bool:
+    """Linux ``renameat2(..., RENAME_NOREPLACE)``; False when unavailable (old libc, unsupported filesystem)."""
+    if not sys.platform.startswith("linux"):
+        return False
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        fn = libc.renameat2
+    except (OSError, AttributeError):
+        return False
+    at_fdcwd, rename_noreplace = -100, 1
+    return _renamed(fn(at_fdcwd, os.fsencode(src), at_fdcwd, os.fsencode(dst), rename_noreplace), dst)
+
+
+def _renamex_excl(src: str, dst: str) -> bool:
+    """macOS ``renamex_np(..., RENAME_EXCL)``; False when unavailable."""
+    if sys.platform != "darwin":
+        return False
+    import ctypes
+
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).renamex_np
+    except (OSError, AttributeError):
+        return False
+    return _renamed(fn(os.fsencode(src), os.fsencode(dst), 0x4), dst)  # 0x4: RENAME_EXCL
+
+
+def _renamed(result: int, dst: str) -> bool:
+    """A rename syscall's result: True when done, False when the call is unsupported here, else OSError."""
+    import ctypes
+
+    if result == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.ENOSYS, errno.EINVAL, errno.ENOTSUP):
+        return False
+    raise OSError(err, os.strerror(err), dst)
+
+
+def rename_noreplace(src: Path, dst: Path) -> None:
+    """Move ``src`` to ``dst`` atomically; ``FileExistsError`` (and nothing moved) when ``dst`` exists."""
+    src, dst = str(src), str(dst)
+    try:
+        if _renameat2_noreplace(src, dst) or _renamex_excl(src, dst):
+            return
+    except OSError as err:
+        if err.errno in (errno.EEXIST, errno.ENOTEMPTY):
+            raise FileExistsError(errno.EEXIST, "target exists", dst) from None
+        raise
+    if os.path.isdir(src):
+        os.mkdir(dst)  # the claim: FileExistsError when anything is there; an empty folder of ours is replaced
+        try:
+            os.rename(src, dst)
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.rmdir(dst)
+            raise
+        return
+    try:
+        os.link(src, dst)  # FileExistsError when dst exists
+    except FileExistsError:
+        raise
+    except OSError:  # no hard links here (FAT, some network filesystems): claim with O_EXCL, then replace
+        os.close(os.open(dst, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        os.replace(src, dst)
+        return
+    os.unlink(src)
+
+
+# ---------------------------------------------------------------------------------------------- staging
+def _staging_path(target: Path, suffix: str = "") -> Path:
+    return target.parent / f".{target.name}{STAGING_TAG}{os.getpid()}-{secrets.token_hex(4)}{suffix}"
+
+
+def _marker(target: Path) -> str:
+    return json.dumps(
+        {
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "target": target.name,
+            "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        }
+    )
+
+
+def _owner(staging: Path) -> tuple[int | None, str | None]:
+    """(pid, host) of the run that made a staging copy, from its marker (or its name)."""
+    marker = staging / MARKER if staging.is_dir() else None
+    if marker is not None and marker.is_file():
+        try:
+            data = json.loads(marker.read_text())
+            return int(data["pid"]), str(data.get("host"))
+        except (ValueError, KeyError, OSError):
+            pass
+    try:
+        return int(staging.name.split(STAGING_TAG, 1)[1].split("-", 1)[0]), None
+    except (IndexError, ValueError):
+        return None, None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    except OSError:
+        return True
+    return True
+
+
+def leftovers(target: str | Path) -> list[Path]:
+    """Staging copies of ``target`` left by earlier runs (any writer, alive or not)."""
+    target = Path(target)
+    if not target.parent.is_dir():
+        return []
+    prefix = f".{target.name}{STAGING_TAG}"
+    return sorted(p for p in target.parent.iterdir() if p.name.startswith(prefix))
+
+
+def clean_leftovers(target: str | Path) -> list[Path]:
+    """Remove staging copies of ``target`` whose writer has gone (a killed run); warn about each.
+
+    A copy whose writer is still running (another run on the same target), or that another host made,
+    is left alone and named in a warning. Returns the removed paths.
+    """
+    removed = []
+    host = socket.gethostname()
+    for path in leftovers(target):
+        pid, owner_host = _owner(path)
+        if pid == os.getpid() and owner_host in (None, host):
+            continue
+        if pid is not None and owner_host in (None, host) and not _alive(pid):
+            shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
+            logger.warning("removed %s, left by an interrupted papa-surgery run (pid %d) on %s", path, pid, target)
+            removed.append(path)
+        else:
+            who = f"pid {pid}" if pid is not None else "an unknown writer"
+            logger.warning(
+                "%s is being written by another papa-surgery run (%s%s); remove it if no run is writing to %s",
+                path,
+                who,
+                f" on {owner_host}" if owner_host and owner_host != host else "",
+                target,
+            )
+    return removed
+
+
+def _kept_path(target: Path) -> Path:
+    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    return target.with_name(f"{target.name}.papa-{stamp}-{secrets.token_hex(2)}")
+
+
+def _commit(staging: Path, target: Path, overwrite: bool) -> None:
+    """Move a finished staging copy to ``target`` (replacing it only when ``overwrite``)."""
+    backup = None
+    if overwrite and (target.exists() or target.is_symlink()):
+        backup = _staging_path(target, ".old")
+        os.replace(target, backup)  # ours to replace: the user asked for it
+    try:
+        rename_noreplace(staging, target)
+    except FileExistsError:
+        kept = _kept_path(target)
+        try:
+            rename_noreplace(staging, kept)
+        except OSError:
+            kept = staging
+        if backup is not None:
+            logger.warning("the previous %s was kept at %s", target, backup)
+        raise OutputExistsError(target, kept) from None
+    if backup is not None:
+        shutil.rmtree(backup, ignore_errors=True) if backup.is_dir() else backup.unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def staged_dir(target: str | Path, overwrite: bool = False) -> Iterator[Path]:
+    """Yield an empty staging folder; on success it becomes ``target``, on any error (or signal) it is removed.
+
+    Raises:
+        FileExistsError: ``target`` exists and not ``overwrite`` (checked first, and again atomically at the end:
+            :class:`OutputExistsError` then names where the finished folder was kept).
+    """
+    target = Path(target)
+    if (target.exists() or target.is_symlink()) and not overwrite:
+        raise FileExistsError(f"{target} already exists; pass --overwrite to replace it")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    clean_leftovers(target)
+    with signals_raise():
+        staging = _staging_path(target)
+        staging.mkdir()
+        try:
+            (staging / MARKER).write_text(_marker(target))
+            yield staging
+            (staging / MARKER).unlink()
+            apply_umask(staging)
+            _commit(staging, target, overwrite)
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+
+
+@contextlib.contextmanager
+def staged_file(target: str | Path, overwrite: bool = True) -> Iterator[Path]:
+    """Yield a staging file path beside ``target``; on success it becomes ``target`` (see :func:`staged_dir`)."""
+    target = Path(target)
+    if target.is_dir():
+        raise IsADirectoryError(f"{target} is a folder; pass a file path")
+    if target.exists() and not overwrite:
+        raise FileExistsError(f"{target} already exists; pass --overwrite to replace it")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    clean_leftovers(target)
+    with signals_raise():
+        staging = _staging_path(target, target.suffix)
+        try:
+            yield staging
+            apply_umask(staging)
+            if overwrite:
+                os.replace(staging, target)
+            else:
+                _commit(staging, target, overwrite=False)
+        except OutputExistsError:
+            raise
+        except BaseException:
+            staging.unlink(missing_ok=True)
+            raise

@@ -1,0 +1,171 @@
+"""What papa-surgery can make and what each choice needs: kinds of constants, ranking methods, storages.
+
+The one table of these facts. The CLI's choices and help, the Python API's checks, the workflow's steps and
+the sweeps all read it, so "the norm ranking reads norm-average constants" or "lambda needs a task" is
+written once, here. Torch-free (``papa-surgery --help`` imports it).
+
+    >>> from papa_surgery import registry
+    >>> registry.method("norm").constants
+    'norm-average'
+    >>> registry.default_method(task=None)
+    'variance'
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass
+
+# How a kind's matrices are made.
+CALIBRATED = "calibrated"  # averaged over an unlabelled corpus (paper 3.1)
+ANALYSIS = "analysis"  # averaged over a corpus in an analysis pass (norm-based, effective attention)
+DATA_FREE = "data-free"  # a fixed matrix, no data (paper 5.2)
+TRAINED = "trained"  # trained label-free toward the source (healing)
+LABELED = "labeled"  # trained with the probe on a labelled task (paper Table 1 rows 4-5; sweeps only)
+
+
+@dataclass(frozen=True)
+class Kind:
+    """A kind of constant matrices.
+
+    Attributes:
+        name: as the CLI and files spell it.
+        summary: one line of help.
+        made: how the matrices are made (``CALIBRATED``, ``ANALYSIS``, ``DATA_FREE``, ``TRAINED``, ``LABELED``).
+        starts_from: the kind a trained or labelled kind starts from (``None``: made from scratch).
+    """
+
+    name: str
+    summary: str
+    made: str
+    starts_from: str | None = None
+
+    @property
+    def needs_corpus(self) -> bool:
+        """Whether making these constants reads an unlabelled corpus (itself or the kind it starts from)."""
+        if self.made in (CALIBRATED, ANALYSIS, TRAINED):
+            return True
+        return self.starts_from is not None and kind(self.starts_from).needs_corpus
+
+    @property
+    def sweeps_only(self) -> bool:
+        """Trained with a sweep cell's probe: not something ``calibrate`` or ``convert`` can make alone."""
+        return self.made == LABELED
+
+
+_KINDS = (
+    Kind("average", "the paper's: each head's attention averaged over an unlabelled corpus (3.1)", CALIBRATED),
+    Kind("distilled", "the average, trained to match the source's hidden states (label-free)", TRAINED, "average"),
+    Kind("identity", "each token attends to itself", DATA_FREE),
+    Kind("toeplitz", "harmonic: weight 1 / (1 + |i - j|)", DATA_FREE),
+    Kind("zeros", "the head contributes nothing", DATA_FREE),
+    Kind("uniform", "every real token alike", DATA_FREE),
+    Kind("norm-average", "norm-weighted attention alpha ||f(x)|| averaged over a corpus (Kobayashi 2020)", ANALYSIS),
+    Kind("effective-average", "effective attention A U U^T averaged over a corpus (Brunner 2020)", ANALYSIS),
+    Kind("labeled-average", "the average, trained with the probe on the task (paper Table 1)", LABELED, "average"),
+    Kind("labeled-toeplitz", "the Toeplitz matrix, trained with the probe on the task", LABELED, "toeplitz"),
+)
+KINDS: dict[str, Kind] = {k.name: k for k in _KINDS}
+# The kinds a converted checkpoint or constants file can hold (the labelled ones exist only inside sweeps).
+CONSTANT_KINDS = tuple(k.name for k in _KINDS if not k.sweeps_only)
+SWEEP_KINDS = tuple(KINDS)
+DATA_FREE_KINDS = tuple(k.name for k in _KINDS if k.made == DATA_FREE)
+ANALYSIS_KINDS = tuple(k.name for k in _KINDS if k.made == ANALYSIS)
+CORPUS_AVERAGE_KINDS = tuple(k.name for k in _KINDS if k.made in (CALIBRATED, ANALYSIS))
+TRAINED_KINDS = tuple(k.name for k in _KINDS if k.made == TRAINED)
+LABELED_KINDS = tuple(k.name for k in _KINDS if k.made == LABELED)
+
+
+@dataclass(frozen=True)
+class Method:
+    """A way to order the heads, first to make constant first (paper 3.2, 5.4).
+
+    Attributes:
+        name: as the CLI and files spell it.
+        summary: one line of help.
+        task: learned on a labelled task (needs ``task``, the model and its tokenizer).
+        constants: the kind of calibrated constants it reads (``None``: none).
+        seeded: the order depends on the seed.
+        reverses: the method whose order this one reads backwards.
+    """
+
+    name: str
+    summary: str
+    task: bool = False
+    constants: str | None = None
+    seeded: bool = False
+    reverses: str | None = None
+
+
+_METHODS = (
+    Method("lambda", "learned mixing weights lambda per head, smallest first (paper 3.2)", True, "average", True),
+    Method("reversed-lambda", "the lambda ranking read backwards", True, "average", True, "lambda"),
+    Method("variance", "least input-dependent first: variance of A around its average (label-free)", False, "average"),
+    Method("norm", "smallest mean contribution ||alpha f(x)|| first (Kobayashi 2020)", False, "norm-average"),
+    Method("first-to-last", "layer order, first layer first"),
+    Method("last-to-first", "layer order, last layer first"),
+    Method("random", "a seeded random order", seeded=True),
+)
+METHODS: dict[str, Method] = {m.name: m for m in _METHODS}
+LABEL_FREE_METHODS = tuple(m.name for m in _METHODS if not m.task)
+LEARNED_METHODS = tuple(m.name for m in _METHODS if m.task)
+
+STORAGES = {
+    "auto": "dense up to L=128, compact above",
+    "dense": "an L x L matrix per constant head",
+    "compact": "band, special slots, relative-offset profile and a low-rank residual (what the model computes with)",
+}
+DENSE_UP_TO = 128  # ``auto`` storage: dense up to this many slots, compact above
+DTYPES = ("fp32", "fp16", "bf16")
+
+
+def _unknown(what: str, name, choices) -> ValueError:
+    close = difflib.get_close_matches(str(name), list(choices), n=1)
+    hint = f" Did you mean {close[0]!r}?" if close else ""
+    return ValueError(f"unknown {what} {name!r}; choose one of {', '.join(choices)}.{hint}")
+
+
+def kind(name: str, *, sweeps: bool = False) -> Kind:
+    """The kind called ``name`` (ValueError with a suggestion); ``sweeps`` admits the labelled kinds."""
+    choices = SWEEP_KINDS if sweeps else CONSTANT_KINDS
+    if name not in choices:
+        if name in KINDS:  # a labelled kind outside a sweep
+            raise ValueError(
+                f"the {name!r} kind is trained with the probe of a sweep cell: use it with papa-surgery probe "
+                f"(--kind {name}); for a checkpoint choose one of {', '.join(CONSTANT_KINDS)}"
+            )
+        raise _unknown("constant kind", name, choices)
+    return KINDS[name]
+
+
+def method(name: str) -> Method:
+    """The ranking method called ``name`` (ValueError with a suggestion)."""
+    if name not in METHODS:
+        raise _unknown("ranking method", name, METHODS)
+    return METHODS[name]
+
+
+def check_method(name: str, task=None) -> Method:
+    """The method called ``name``, refused (naming the fix) when it is learned and no ``task`` is given."""
+    from .failures import ArgumentError, spell
+
+    chosen = method(name)
+    if chosen.task and task is None:
+        raise ArgumentError(
+            "task",
+            f"the {chosen.name!r} ranking is learned on a labelled task: pass {spell('task')} (e.g. "
+            f"{spell('task', 'sst2')}), or use a label-free method ({', '.join(LABEL_FREE_METHODS)})",
+        )
+    return chosen
+
+
+def default_method(task: str | None) -> str:
+    """The method used when none is given: the paper's learned ``lambda`` with a task, else ``variance``."""
+    return "lambda" if task else "variance"
+
+
+def storage(name: str) -> str:
+    """``name`` if it is a storage (ValueError with a suggestion)."""
+    if name not in STORAGES:
+        raise _unknown("storage", name, STORAGES)
+    return name

@@ -1,0 +1,9 @@
+"""The one workflow, calibrate -> rank -> convert -> save, that the Python API, the CLI and sweeps all call.
+
+``steps`` (:class:`Workflow`: the steps on a loaded source model, with a cache), ``jobs`` (whole CLI jobs from
+names to files) and ``preflight`` (the checks a job runs before its first expensive step).
+"""
+
+from .steps import Cache, Workflow, open_corpus
+
+__all__ = ["Cache", "Workflow", "open_corpus"]

@@ -1,0 +1,263 @@
+"""Whole jobs from names to files, one per CLI command: check every input, load the source, run the workflow, write.
+
+Each job checks everything it can before its first expensive step (loading weights, calibrating, training
+lambdas), then runs :class:`.steps.Workflow` on the loaded source and writes its one output; under
+``torchrun`` / ``accelerate launch`` every process runs the job and rank 0 alone writes. The CLI commands are
+adapters over these calls.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from .. import registry
+from ..distributed import agree, is_main_process, on_main
+from ..options import (
+    AnalyzeOptions,
+    ArgumentError,
+    CalibrationOptions,
+    ConvertOptions,
+    DistillOptions,
+    PushOptions,
+    RankOptions,
+    RunOptions,
+    spell,
+)
+from .preflight import (
+    check_max_length,
+    check_output_file,
+    check_pairs_fit,
+    check_source_config,
+    preflight_ranking,
+)
+from .steps import Workflow, analyze, open_corpus
+
+logger = logging.getLogger("papa_surgery")
+
+
+def _source(model_name: str):
+    """(path, config, public name, source info) of MODEL, checked before its weights load."""
+    from ..models.loading import load_config
+    from ..models.sources import public_name_of, resolve_model, source_info
+
+    path = resolve_model(model_name)
+    config = load_config(path)
+    info = source_info(path)
+    return path, config, info["hub_id"] or public_name_of(model_name), info
+
+
+def _workflow(model_name: str, run: RunOptions, source: str, progress: bool, attn: str | None = None) -> Workflow:
+    from ..models.sources import load_model
+
+    model, tokenizer = load_model(model_name, run, attn=attn)
+    return Workflow(model, tokenizer, source_name=source, run=run, progress=progress)
+
+
+def _calibration(cal: CalibrationOptions, corpus) -> dict:
+    """The keyword arguments of ``Workflow.constants`` for these options and the opened corpus."""
+    return {
+        "corpus": corpus if corpus is not None else cal.corpus,
+        "max_length": cal.max_length,
+        "pairs": cal.pairs,
+        "max_examples": cal.max_examples,
+    }
+
+
+def run_convert(
+    model_name: str,
+    cal: CalibrationOptions,
+    rank: RankOptions,
+    conv: ConvertOptions,
+    push: PushOptions,
+    run: RunOptions,
+    do_push: bool = False,
+    command: str | None = None,
+    progress: bool = True,
+    distill: DistillOptions | None = None,
+) -> Path:
+    """``papa-surgery convert``: calibrate (or read constants), rank, convert, write the checkpoint (and push).
+
+    Returns the checkpoint folder.
+    """
+    from ..calibration.constants import Constants
+    from ..conversion.checkpoint import check_output_dir, save_checkpoint
+    from ..models.sources import default_out_dir, source_record
+    from ..ranking.order import Ranking
+
+    out = Path(conv.out) if conv.out else default_out_dir(model_name, conv.fraction)
+    check_output_dir(out, conv.overwrite)
+    given = Constants.load(conv.constants) if conv.constants else None
+    ranking = Ranking.load(rank.ranking) if rank.ranking else None
+    if rank.ranking and rank.method:
+        raise ArgumentError("ranking", f"pass either {spell('ranking')} FILE or {spell('method')}, not both")
+    repo_id = None
+    if do_push:
+        from ..conversion.hub import resolve_push_target
+
+        repo_id = resolve_push_target(push.repo_id, out.resolve().name)
+    path, config, source, info = _source(model_name)
+    check_source_config(config, model_name)
+    check_max_length(config, given.max_length if given else cal.max_length, model_name)
+    if ranking is not None:
+        ranking.check_compatible(config)
+    kind = registry.kind(conv.kind)
+    reads_corpus = kind.needs_corpus if given is None else kind.made == registry.TRAINED
+    method = None if ranking else registry.method(rank.resolved_method)
+    if method is not None and given is None and method.constants is not None:
+        reads_corpus = True  # the ranking calibrates what it reads
+    corpus = open_corpus(cal.corpus, pairs=cal.pairs, max_examples=cal.max_examples) if reads_corpus else None
+    preflight_ranking(rank)
+    flow = _workflow(model_name, run, source, progress)
+    check_pairs_fit(flow.tokenizer, cal.max_length, cal.pairs and corpus is not None)
+    calibration = _calibration(cal, corpus)
+    if given is not None:
+        given.check_compatible(flow.model.config, source, model=flow.model)
+        constants = given
+    elif kind.made != registry.TRAINED:
+        constants = flow.constants(kind.name, **calibration)
+    else:
+        constants = flow.constants(kind.starts_from, **calibration)
+    if ranking is None:
+        ranking = flow.ranking(
+            rank.method,
+            task=rank.task,
+            data_dir=rank.data_dir,
+            constants=constants,
+            calibration=calibration,
+            steps=rank.steps,
+            max_train_examples=rank.max_train_examples,
+        )
+    if kind.made == registry.TRAINED:  # distilled for exactly the heads this checkpoint makes constant
+        constants = flow.distilled(constants, ranking.select(conv.fraction), corpus, distill)
+    papa = flow.convert(
+        constants,
+        ranking,
+        conv.fraction,
+        kind=kind.name,
+        dtype=conv.dtype,
+        storage=conv.storage,
+        trainable_constants=conv.trainable_constants,
+        command=command,
+        record=source_record(model_name, path, info),
+    )
+    agree()  # under torchrun / accelerate launch: rank 0 writes and pushes, once every rank is done
+    if not is_main_process():
+        return out
+    save_checkpoint(
+        papa, out, tokenizer=flow.tokenizer, recipe=papa.papa_recipe, overwrite=conv.overwrite, results=conv.results
+    )
+    if do_push:
+        from ..conversion.hub import push as hub_push
+
+        hub_push(out, repo_id, private=push.private, revision=push.revision, create_pr=push.create_pr)
+    return out
+
+
+def run_calibrate(
+    model_name: str,
+    cal: CalibrationOptions,
+    run: RunOptions,
+    out: str,
+    progress=True,
+    overwrite: bool = False,
+    kind: str = "average",
+    distill: DistillOptions | None = None,
+) -> Path:
+    """``papa-surgery calibrate``: write a constants file (``distilled``: for an attention-free model)."""
+    out = check_output_file(out, overwrite, "constants file")
+    _, config, source, _ = _source(model_name)
+    check_source_config(config, model_name)
+    check_max_length(config, cal.max_length, model_name)
+    corpus = open_corpus(cal.corpus, pairs=cal.pairs, max_examples=cal.max_examples)
+    flow = _workflow(model_name, run, source, progress)
+    check_pairs_fit(flow.tokenizer, cal.max_length, cal.pairs)
+    constants = flow.constants(kind, **_calibration(cal, corpus), distill=distill)
+    on_main(constants.save, out, overwrite=overwrite)  # under torchrun / accelerate launch: rank 0 writes
+    return out
+
+
+def run_rank(
+    model_name: str,
+    cal: CalibrationOptions,
+    rank: RankOptions,
+    run: RunOptions,
+    constants_file: str | None,
+    out: str,
+    progress=True,
+    overwrite: bool = False,
+) -> Path:
+    """``papa-surgery rank``: write a ranking JSON."""
+    from ..calibration.constants import Constants
+    from ..outputs.staging import staged_file
+
+    if rank.ranking:
+        raise ArgumentError("ranking", f"`rank` makes a ranking: pass {spell('method')}, not {spell('ranking')}")
+    method = registry.check_method(rank.resolved_method, rank.task)
+    out = check_output_file(out, overwrite, "ranking file")
+    given = Constants.load(constants_file) if constants_file else None
+    _, config, source, _ = _source(model_name)
+    check_source_config(config, model_name)
+    calibrates = given is None and (cal.corpus is not None or method.constants is not None)
+    if calibrates:
+        check_max_length(config, cal.max_length, model_name)
+    corpus = open_corpus(cal.corpus, pairs=cal.pairs, max_examples=cal.max_examples) if calibrates else None
+    preflight_ranking(rank)
+    flow = _workflow(model_name, run, source, progress)
+    constants = given
+    if given is not None:
+        given.check_compatible(flow.model.config, source, model=flow.model)
+    elif cal.corpus:
+        check_pairs_fit(flow.tokenizer, cal.max_length, cal.pairs)
+        constants = flow.constants("average", **_calibration(cal, corpus))
+    ranking = flow.ranking(
+        method.name,
+        task=rank.task,
+        data_dir=rank.data_dir,
+        constants=constants,
+        calibration=_calibration(cal, corpus),
+        steps=rank.steps,
+        max_train_examples=rank.max_train_examples,
+    )
+
+    def write() -> None:
+        with staged_file(out, overwrite=overwrite) as tmp:
+            ranking.save(tmp)
+
+    on_main(write)  # under torchrun / accelerate launch: rank 0 writes
+    return out
+
+
+def run_analyze(model_name: str, which: str, options: AnalyzeOptions, out: str, progress: bool = True) -> Path:
+    """``papa-surgery analyze``: an analysis folder (summary, corpus-average constants, figures, ranking)."""
+    import contextlib
+
+    from ..outputs.staging import staged_dir
+
+    _, config, source, _ = _source(model_name)
+    if getattr(config, "papa_constant_heads", None):
+        raise ValueError(
+            f"{model_name} is a PAPA checkpoint: its constant heads have no input-dependent attention to analyse; "
+            f"analyze its source model ({getattr(config, 'papa_source_model', None) or 'see papa_recipe.json'})"
+        )
+    check_max_length(config, options.max_length, model_name)
+    corpus = open_corpus(options.corpus, max_examples=options.max_examples)
+    run = RunOptions(device=options.device, batch_size=options.batch_size)
+    # The analyses read attention probabilities: load eager (a PAPA checkpoint too), whatever the config says.
+    flow = _workflow(model_name, run, source, progress, attn="eager")
+    target = Path(out)
+    # A new folder appears only when the analysis is complete; an existing one is written into, as before.
+    stage = staged_dir(target) if is_main_process() and not target.exists() else contextlib.nullcontext(target)
+    with stage as folder:
+        analyze(
+            flow.model,
+            flow.tokenizer,
+            corpus,
+            which,
+            folder,
+            max_length=options.max_length,
+            batch_size=options.batch_size,
+            progress=progress,
+            source_name=model_name,
+        )
+    return target

@@ -1,0 +1,65 @@
+"""Checks a job runs before its first expensive step, so a bad input fails fast and writes nothing."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .. import registry
+from ..models.sources import public_name_of
+from ..options import ArgumentError, RankOptions, spell
+
+
+def check_output_file(out, overwrite: bool, what: str = "output file") -> Path:
+    """ValueError unless ``out`` may be written: not a folder, not an existing file (unless ``overwrite``)."""
+    out = Path(out)
+    if out.is_dir():
+        raise ArgumentError("out", f"{str(out)!r} is a folder; pass a file path for the {what}")
+    if out.exists() and not overwrite:
+        raise ValueError(f"{what} {str(out)!r} already exists; pass {spell('overwrite', True)} to replace it")
+    return out
+
+
+def check_max_length(config, max_length: int, model_name: str, argument: str = "max_length") -> None:
+    """ArgumentError when ``max_length`` slots need more positions than the model has (before any work)."""
+    from ..models.families import is_papa_config
+    from ..models.loading import position_limit
+
+    if is_papa_config(config):
+        return
+    limit = position_limit(config)
+    if limit is not None and max_length > limit:
+        raise ArgumentError(
+            argument,
+            f"{max_length} slots exceed the {limit} positions {public_name_of(model_name)} has "
+            f"(max_position_embeddings); pass {spell(argument, limit)} or less",
+        )
+
+
+def check_source_config(config, model_name: str) -> None:
+    """ValueError for a PAPA checkpoint given where a source model is needed (with what to pass instead)."""
+    from ..models.families import is_papa_config
+
+    if is_papa_config(config):
+        source = getattr(config, "papa_source_model", None)
+        raise ValueError(
+            f"{model_name} is already a PAPA checkpoint ({len(config.papa_constant_heads or [])} constant heads); "
+            f"convert its source model{f' ({source})' if source else ''} instead, or probe it as it is"
+        )
+
+
+def preflight_ranking(rank: RankOptions) -> None:
+    """Check a ranking request's inputs (method, task, data) before the model loads or calibration runs."""
+    if rank.ranking:
+        return
+    if registry.check_method(rank.resolved_method, rank.task).task:
+        from ..tasks import get_task, task_split
+
+        task_split(get_task(rank.task), "train", rank.data_dir, rank.max_train_examples)
+
+
+def check_pairs_fit(tokenizer, max_length: int, pairs: bool) -> None:
+    """Raise the slot layout's error for a pair length too small for any pair, before calibrating."""
+    if pairs:
+        from ..calibration.encoding import encode
+
+        encode(tokenizer, [("a", "b")], max_length, pairs=True)

@@ -1,0 +1,336 @@
+"""The one workflow: constants -> ranking -> PAPA model with its recipe, for one loaded source model.
+
+:class:`Workflow` decides, once, which constants a kind needs and how they are made, which constants and data a
+ranking method reads, and how a converted model records its provenance; the registry
+(:mod:`papa_surgery.registry`) holds the facts it reads. The Python API (``papa_surgery.calibrate``, ``rank``,
+``convert``), the CLI's jobs (:mod:`.jobs`) and sweeps (:mod:`papa_surgery.experiments`) all call it; sweeps
+pass a :class:`Cache` that keeps constants and rankings between cells and on disk between runs.
+
+    flow = Workflow(model, tokenizer, source_name="sentence-transformers/all-MiniLM-L6-v2")
+    constants = flow.constants("average", corpus=None, max_length=128)   # None: the default corpus
+    ranking = flow.ranking("variance", constants=constants)
+    papa = flow.convert(constants, ranking, fraction=0.5)                  # papa.papa_recipe: how to redo it
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from .. import registry
+from ..calibration.corpus import Corpus, default_corpus, load_corpus
+from ..options import ArgumentError, DistillOptions, RunOptions, spell
+
+logger = logging.getLogger("papa_surgery")
+
+
+class Cache:
+    """Where a workflow keeps what it made, by key: in memory (this class) or also on disk (sweeps).
+
+    ``fetch(what, key, make)`` returns the kept value of ``(what, key)`` or makes, keeps and returns it.
+    """
+
+    def __init__(self):
+        self.kept: dict[tuple, Any] = {}
+
+    def fetch(self, what: str, key: tuple, make: Callable[[], Any]) -> Any:
+        if (what, key) not in self.kept:
+            self.kept[(what, key)] = self.load(what, key)
+            if self.kept[(what, key)] is None:
+                self.kept[(what, key)] = value = make()
+                self.store(what, key, value)
+        return self.kept[(what, key)]
+
+    def load(self, what: str, key: tuple) -> Any:
+        """A value saved by an earlier run (``None``: none); the in-memory cache has none."""
+        return None
+
+    def store(self, what: str, key: tuple, value: Any) -> None:
+        """Save a new value for later runs (the in-memory cache keeps it in memory only)."""
+
+
+def open_corpus(corpus=None, *, pairs: bool = False, max_examples: int | None = None) -> Corpus:
+    """A calibration corpus: anything :func:`papa_surgery.calibration.load_corpus` reads, or ``None`` for the one
+    default (:func:`papa_surgery.calibration.default_corpus`: WikiText-103 train, offline the bundled excerpt)."""
+    if corpus is not None:
+        return load_corpus(corpus, pairs=pairs, max_examples=max_examples)
+    if pairs:
+        raise ArgumentError(
+            "pairs", f"{spell('pairs', True)} needs a corpus of sentence pairs (the default corpus is single sentences)"
+        )
+    return default_corpus(max_examples=max_examples)
+
+
+def corpus_key(corpus: Corpus) -> tuple:
+    """What identifies a corpus's examples across runs (its description, pairs and cap)."""
+    return (corpus.description, corpus.pairs, corpus.max_examples)
+
+
+class Workflow:
+    """The workflow's steps for one loaded source model (never changed: steps copy what they convert).
+
+    Args:
+        model, tokenizer: the source model and its tokenizer.
+        source_name: the source's Hub id (or public name) recorded in constants, rankings and recipes.
+        run: device, dtype, batch size and seed of the passes.
+        progress: tqdm bars.
+        cache: keeps constants and rankings (default: in memory, for this workflow only).
+    """
+
+    def __init__(self, model, tokenizer, *, source_name=None, run: RunOptions | None = None, progress=True, cache=None):
+        from ..models.loading import public_name
+
+        self.model, self.tokenizer = model, tokenizer
+        self.source = source_name or public_name(getattr(model.config, "_name_or_path", None)) or None
+        self.run = run or RunOptions()
+        self.progress = progress
+        self.cache = cache or Cache()
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        """(layers, heads per layer) of the source."""
+        from ..models.families import num_heads_layers
+
+        heads, layers = num_heads_layers(self.model.config)
+        return layers, heads
+
+    # ------------------------------------------------------------------------------------------ constants
+    def constants(
+        self,
+        kind: str = "average",
+        *,
+        corpus=None,
+        max_length: int = 128,
+        pairs: bool = False,
+        max_examples: int | None = None,
+        heads=None,
+        distill: DistillOptions | None = None,
+    ):
+        """The constants of ``kind`` for every head (a ``distilled`` kind: trained for ``heads``).
+
+        Data-free kinds read no corpus; corpus averages (``average``, ``norm-average``, ``effective-average``)
+        are one pass over ``corpus`` (``None``: the default corpus); ``distilled`` starts from the average and
+        trains the matrices of ``heads`` (default: every head) toward the source's hidden states; a labelled
+        kind returns its starting matrices (the probe of a sweep cell trains them).
+        """
+        chosen = registry.kind(kind, sweeps=True)
+        if chosen.starts_from and chosen.made == registry.LABELED:
+            chosen = registry.kind(chosen.starts_from)
+        if chosen.made == registry.DATA_FREE:
+            from ..calibration.constants import Constants
+
+            layers, heads_per_layer = self.shape
+            return Constants.from_kind(chosen.name, layers, heads_per_layer, max_length, source_model=self.source)
+        corpus = corpus if isinstance(corpus, Corpus) else open_corpus(corpus, pairs=pairs, max_examples=max_examples)
+        if chosen.made == registry.TRAINED:
+            start = self.constants(chosen.starts_from, corpus=corpus, max_length=max_length)
+            return self.distilled(start, heads, corpus, distill)
+        key = (chosen.name, corpus_key(corpus), max_length)
+        return self.cache.fetch("constants", key, lambda: self._average(chosen.name, corpus, max_length))
+
+    def _average(self, kind: str, corpus: Corpus, max_length: int):
+        options = dict(
+            max_length=max_length,
+            pairs=corpus.pairs,
+            batch_size=self.run.batch_size,
+            device=self.run.device,
+            progress=self.progress,
+            source_name=self.source,
+        )
+        if kind == "average":
+            from ..calibration.average import calibrate
+
+            return calibrate(self.model, self.tokenizer, corpus, **options)
+        from ..analysis import analysis_constants
+
+        return analysis_constants(kind, self.model, self.tokenizer, corpus, **options)
+
+    def distilled(self, constants, heads, corpus, options: DistillOptions | None = None):
+        """``constants`` with the matrices of ``heads`` (default: every head) distilled on ``corpus``."""
+        from ..healing.distillation import distill
+
+        options = options or DistillOptions()
+        layers, per_layer = self.shape
+        heads = [[layer, h] for layer in range(layers) for h in range(per_layer)] if heads is None else heads
+        corpus = corpus if isinstance(corpus, Corpus) else open_corpus(corpus, pairs=constants.pairs)
+        key = ("distilled", corpus_key(corpus), _constants_key(constants), tuple(map(tuple, heads)), options)
+
+        def make():
+            return distill(
+                self.model,
+                self.tokenizer,
+                corpus,
+                constants,
+                heads,
+                batch_size=self.run.batch_size,
+                seed=self.run.seed,
+                device=self.run.device,
+                progress=self.progress,
+                **options.kwargs(),
+            )
+
+        return self.cache.fetch("distilled", key, make)
+
+    # -------------------------------------------------------------------------------------------- ranking
+    def ranking(
+        self,
+        method: str | None = None,
+        *,
+        task: str | None = None,
+        data_dir=None,
+        constants=None,
+        calibration: dict | None = None,
+        seed: int | None = None,
+        **lambda_options,
+    ):
+        """Every head in the order ``method`` makes them constant (default: lambda with a task, else variance).
+
+        A method that reads constants (``registry.Method.constants``) uses ``constants`` when they are of that
+        kind and calibrated, and otherwise calibrates them with ``calibration`` (the keyword arguments of
+        :meth:`constants`: corpus, max_length, pairs, max_examples). ``lambda_options``: the lambda training's
+        (steps, epochs, lr, lambda_lr, max_train_examples; :class:`papa_surgery.ranking.LambdaOptions`).
+        """
+        chosen = registry.check_method(method or registry.default_method(task), task)
+        seed = self.run.seed if seed is None else seed
+        if chosen.reverses:
+            from ..ranking.order import reversed_ranking
+
+            base = self.ranking(
+                chosen.reverses,
+                task=task,
+                data_dir=data_dir,
+                constants=constants,
+                calibration=calibration,
+                seed=seed,
+                **lambda_options,
+            )
+            return reversed_ranking(base)
+        if chosen.constants is not None and not _reads(constants, chosen.constants):
+            constants = self.constants(chosen.constants, **(calibration or {}))
+        key = (
+            chosen.name,
+            task if chosen.task else None,
+            None if chosen.constants is None else _constants_key(constants),
+            seed if chosen.seeded else None,
+            tuple(sorted(lambda_options.items())) if chosen.task else None,
+        )
+        return self.cache.fetch(
+            "ranking", key, lambda: self._rank(chosen.name, constants, task, data_dir, seed, lambda_options)
+        )
+
+    def _rank(self, method: str, constants, task, data_dir, seed: int, lambda_options: dict):
+        from ..ranking.methods import rank_heads
+
+        options = dict(lambda_options)
+        if registry.method(method).task:
+            options.setdefault("batch_size", self.run.batch_size)
+            options.setdefault("device", self.run.device)
+            options.setdefault("progress", self.progress)
+        return rank_heads(
+            method,
+            self.model,
+            tokenizer=self.tokenizer,
+            constants=constants,
+            task=task,
+            data_dir=data_dir,
+            seed=seed,
+            source_name=self.source,
+            **options,
+        )
+
+    # ------------------------------------------------------------------------------------------ conversion
+    def convert(
+        self,
+        constants,
+        ranking,
+        fraction: float | None = None,
+        *,
+        heads=None,
+        kind: str | None = None,
+        method: str | None = None,
+        dtype: str = "fp32",
+        storage: str = "auto",
+        trainable_constants: bool = False,
+        command: str | None = None,
+        record: dict | None = None,
+    ):
+        """The PAPA model whose first ``fraction`` of ``ranking``'s heads (or exactly ``heads``) are constant.
+
+        ``kind`` and ``method`` name what made the constants and the heads when ``constants`` and ``ranking`` do
+        not say it themselves (a sweep's fraction 1 needs no ranking).
+
+        The model carries ``papa_recipe`` (:func:`papa_surgery.conversion.build_recipe`), everything needed to
+        redo it; ``record`` adds to the recipe's source entry (a CLI job records where the model came from).
+        """
+        from ..conversion.recipe import build_recipe
+        from ..conversion.surgery import convert as convert_heads
+        from ..distributed import world_size
+
+        if heads is None:
+            ranking.check_compatible(self.model.config)
+            heads = ranking.select(fraction)
+        papa = convert_heads(
+            self.model,
+            constants,
+            heads,
+            tokenizer=self.tokenizer,
+            kind=kind or constants.kind,
+            method=method or (None if ranking is None else ranking.method),
+            fraction=fraction,
+            dtype=dtype,
+            storage=storage,
+            trainable_constants=trainable_constants,
+            source_name=self.source,
+        )
+        papa.papa_recipe = build_recipe(papa, constants, ranking, command=command)
+        papa.papa_recipe["source"].update(record or {})
+        papa.papa_recipe["processes"] = world_size()
+        return papa
+
+
+def _reads(constants, kind: str) -> bool:
+    """Whether ``constants`` serve a method that reads calibrated constants of ``kind``."""
+    if constants is None:
+        return False
+    if kind == "norm-average":
+        return "contribution" in constants.metadata
+    return constants.variance is not None  # data-free kinds carry no calibration: calibrate the average
+
+
+def _constants_key(constants) -> tuple:
+    meta = constants.metadata
+    return (
+        constants.kind,
+        constants.max_length,
+        constants.pairs,
+        meta.get("corpus"),
+        meta.get("examples"),
+        meta.get("created"),
+    )
+
+
+def analyze(model, tokenizer, corpus, which: str, out_dir, **options) -> dict:
+    """An analysis folder (:func:`papa_surgery.analysis.analyze`), with the ``norm`` ranking it implies.
+
+    ``corpus=None`` reads the default corpus. For ``norms`` the folder also gets ``norm-ranking.json``, the
+    ``norm`` method's order made from the analysis's ``norm-average`` constants.
+    """
+    import json
+    from pathlib import Path
+
+    from ..analysis import analyze as run_analysis
+    from ..calibration.constants import Constants
+    from ..distributed import is_main_process
+
+    if corpus is None:
+        corpus = open_corpus(None, max_examples=options.get("max_examples"))
+    summary = run_analysis(model, tokenizer, corpus, which, out_dir, **options)
+    if which == "norms" and is_main_process():  # under torch.distributed rank 0 alone writes
+        from ..ranking.methods import norm_ranking
+
+        out_dir = Path(out_dir)
+        norm_ranking(Constants.load(out_dir / "norm-average.safetensors")).save(out_dir / "norm-ranking.json")
+        summary["files"].insert(-1, "norm-ranking.json")
+        (out_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    return summary
