@@ -129,10 +129,12 @@ def kind(name: str, *, sweeps: bool = False) -> Kind:
     """The kind called ``name`` (ValueError with a suggestion); ``sweeps`` admits the labelled kinds."""
     choices = SWEEP_KINDS if sweeps else CONSTANT_KINDS
     if name not in choices:
+        from .failures import spell
+
         if name in KINDS:  # a labelled kind outside a sweep
             raise ValueError(
                 f"the {name!r} kind is trained with the probe of a sweep cell: use it with papa-surgery probe "
-                f"(--kind {name}); for a checkpoint choose one of {', '.join(CONSTANT_KINDS)}"
+                f"({spell('kind', name)}); for a checkpoint choose one of {', '.join(CONSTANT_KINDS)}"
             )
         raise _unknown("constant kind", name, choices)
     return KINDS[name]

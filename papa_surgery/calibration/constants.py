@@ -217,7 +217,7 @@ class Constants:
         hint = "write one with papa-surgery calibrate"
         if path.is_dir():
             raise ValueError(
-                f"--constants {str(path)!r} is a folder; pass the .safetensors file papa-surgery calibrate wrote"
+                f"constants {str(path)!r} is a folder; pass the .safetensors file papa-surgery calibrate wrote"
                 " (a checkpoint's constants are inside its model; convert its source instead)"
             )
         if not path.is_file():

@@ -15,6 +15,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from ..failures import spell
+
 TEXT_COLUMNS = ("text", "sentence", "content", "document")
 PAIR_COLUMNS = (("sentence1", "sentence2"), ("premise", "hypothesis"), ("question", "sentence"), ("text_a", "text_b"))
 DATA_FILE_TYPES = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet", ".arrow": "arrow"}
@@ -116,7 +118,7 @@ def _columns(column_names: Iterable[str], pairs: bool, columns: Iterable[str] | 
         if missing:
             raise ValueError(f"corpus has no column {missing[0]!r}; its columns are {names}")
         if len(cols) != (2 if pairs else 1):
-            raise ValueError(f"--pairs needs two columns, a single corpus one; got {list(cols)}")
+            raise ValueError(f"{spell('pairs', True)} needs two columns, a single corpus one; got {list(cols)}")
         return cols
     candidates = PAIR_COLUMNS if pairs else tuple((c,) for c in TEXT_COLUMNS)
     for cols in candidates:
@@ -169,7 +171,7 @@ def load_corpus(src, pairs: bool = False, max_examples: int | None = None, colum
     if _first(corpus) is None:
         raise ValueError(
             f"the corpus {corpus.description} has no usable examples"
-            + (" (with --pairs every line needs exactly one TAB)" if pairs else "")
+            + (f" (with {spell('pairs', True)} every line needs exactly one TAB)" if pairs else "")
         )
     return corpus
 
@@ -221,8 +223,8 @@ def _from_hub_spec(parts: list[str], pairs: bool, max_examples) -> Corpus:
     except Exception as err:  # offline, unknown dataset, bad split: one clear cause
         raise ValueError(
             f"could not open Hub dataset {name!r} ({config or 'default'}, split {split!r}): {err}. "
-            f"Offline? pass a local --corpus (a text file, one example per line) or use the bundled "
-            f"default: --corpus {default_corpus_path()}"
+            f"Offline? pass a local {spell('corpus')} (a text file, one example per line) or use the bundled "
+            f"excerpt: {spell('corpus', str(default_corpus_path()))}"
         ) from err
     spec = ":".join(parts)
     return _from_dataset(ds, pairs, cols, f"Hub dataset {spec}", max_examples)

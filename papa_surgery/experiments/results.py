@@ -14,6 +14,8 @@ import os
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
+from ..failures import spell
+
 logger = logging.getLogger("papa_surgery")
 
 TASK_CORPUS = "task"  # the task's own training texts, labels unused (paper 4.1)
@@ -110,10 +112,9 @@ def check_options(rows: list[dict], cell: Cell, options: dict, path) -> None:
             continue  # written before rows recorded their options: cannot be compared
         for name, value in options.items():
             if name in recorded and recorded[name] != value:
-                flag = "--" + name.replace("_", "-")
                 raise ValueError(
-                    f"{path} holds {cell.task} results of {cell.model} made with {flag} {recorded[name]} "
-                    f"(this run: {value}); resume with the same options, or write to another --out"
+                    f"{path} holds {cell.task} results of {cell.model} made with {spell(name, recorded[name])} "
+                    f"(this run: {value}); resume with the same options, or write to another {spell('out')}"
                 )
 
 

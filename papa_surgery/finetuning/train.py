@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from ..distributed import broadcast_from_main, is_main_process, world_size
-from ..options import ArgumentError, FinetuneOptions
+from ..options import ArgumentError, FinetuneOptions, spell
 from ..probing.features import token_ids
 from ..probing.run import slot_count
 from ..tasks.data import load_split
@@ -129,7 +129,8 @@ def finetune(
     processes = world_size()
     if opts.batch_size % processes:
         raise ValueError(
-            f"--batch-size {opts.batch_size} does not split over {processes} processes: pass a multiple of {processes}"
+            f"{spell('batch_size', opts.batch_size)} does not split over {processes} processes: pass a multiple of "
+            f"{processes}"
         )
     start = time.perf_counter()
     length = slot_count(model, task, opts.max_length)

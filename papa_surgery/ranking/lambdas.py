@@ -24,6 +24,7 @@ from torch import nn
 from .. import __version__
 from ..calibration.constants import Constants
 from ..conversion.surgery import build_papa_model, papa_config, separator_id
+from ..failures import spell
 from ..hub_code.modeling_papa import attention_modules
 from ..models.families import num_heads_layers
 from ..models.loading import public_name
@@ -183,7 +184,7 @@ def fit_lambdas(
         warnings.warn(
             f"task {task.name!r} has {'pairs' if task.pairs else 'single sentences'} but the constants were "
             f"calibrated on {'pairs' if calibrated_pairs else 'single sentences'}; calibrate with"
-            f"{'' if task.pairs else 'out'} --pairs for a faithful ranking",
+            f"{'' if task.pairs else 'out'} {spell('pairs', True)} for a faithful ranking",
             stacklevel=2,
         )
     sep_id, pad_id = token_ids(mixed, tokenizer)

@@ -21,6 +21,8 @@ import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from ..failures import ArgumentError
+
 
 def head_count(fraction: float, total: int) -> int:
     """How many of ``total`` heads ``fraction`` makes constant: ``fraction * total`` rounded half up."""
@@ -102,7 +104,7 @@ class Ranking:
         path = Path(path)
         hint = "make one with papa-surgery rank"
         if path.is_dir():
-            raise ValueError(f"--ranking {str(path)!r} is a folder; pass the .json file papa-surgery rank wrote")
+            raise ArgumentError("ranking", f"{str(path)!r} is a folder; pass the .json file papa-surgery rank wrote")
         if not path.is_file():
             raise FileNotFoundError(f"ranking file {str(path)!r} does not exist ({hint})")
         try:

@@ -12,6 +12,7 @@ import csv
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..failures import ArgumentError, spell
 from .registry import MLM, TOKEN, Task, get_task
 
 
@@ -86,14 +87,14 @@ def _local_path(task: Task, split: str, data_dir: Path) -> Path:
             return candidate
     raise ValueError(
         f"task {task.name!r}: the {split!r} split is missing from {data_dir}: expected {data_dir / rel} "
-        f"(or {Path(rel).name} directly inside {data_dir}); point --data-dir at a folder laid out like "
+        f"(or {Path(rel).name} directly inside {data_dir}); point {spell('data_dir')} at a folder laid out like "
         f"../shared/data, or leave it out to use the Hub dataset {task.hub.path!r}"
     )
 
 
 def _load_local(task: Task, split: str, data_dir: Path) -> Split:
     if not data_dir.is_dir():
-        raise ValueError(f"--data-dir {data_dir} is not a folder")
+        raise ArgumentError("data_dir", f"{data_dir} is not a folder")
     path = _local_path(task, split, data_dir)
     return READERS[task.local.reader](task, path, **task.local.options)
 
