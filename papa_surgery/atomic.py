@@ -27,7 +27,7 @@ import signal
 import socket
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 logger = logging.getLogger("papa_surgery")
@@ -296,8 +296,18 @@ def _kept_path(target: Path) -> Path:
     return target.with_name(f"{target.name}.papa-{stamp}-{secrets.token_hex(2)}")
 
 
-def _commit(staging: Path, target: Path, overwrite: bool) -> None:
-    """Move a finished staging copy to ``target`` (replacing it only when ``overwrite``)."""
+def _empty_dir(path: Path) -> bool:
+    """Whether ``path`` is an empty folder (not a symlink): no one's output, so it is written into."""
+    return path.is_dir() and not path.is_symlink() and not any(path.iterdir())
+
+
+def _commit(staging: Path, target: Path, overwrite: bool, check: Callable[[Path], None] | None = None) -> None:
+    """Move a finished staging copy to ``target`` (replacing it only when ``overwrite``, and ``check`` allows it)."""
+    if check is not None and (target.exists() or target.is_symlink()):
+        check(target)  # what is there now may differ from what the run checked before its work
+    if _empty_dir(target):
+        with contextlib.suppress(OSError):  # not empty any more: the no-replace rename below refuses it
+            os.rmdir(target)
     backup = None
     if overwrite and (target.exists() or target.is_symlink()):
         backup = _staging_path(target, ".old")
@@ -318,15 +328,20 @@ def _commit(staging: Path, target: Path, overwrite: bool) -> None:
 
 
 @contextlib.contextmanager
-def staged_dir(target: str | Path, overwrite: bool = False) -> Iterator[Path]:
+def staged_dir(
+    target: str | Path, overwrite: bool = False, check: Callable[[Path], None] | None = None
+) -> Iterator[Path]:
     """Yield an empty staging folder; on success it becomes ``target``, on any error (or signal) it is removed.
+
+    An existing empty folder is replaced without ``overwrite``. ``check(target)`` runs just before an existing
+    target is replaced, and may refuse it by raising (``papa_surgery.overwrite``: only an output of the same kind).
 
     Raises:
         FileExistsError: ``target`` exists and not ``overwrite`` (checked first, and again atomically at the end:
             :class:`OutputExistsError` then names where the finished folder was kept).
     """
     target = Path(target)
-    if (target.exists() or target.is_symlink()) and not overwrite:
+    if (target.exists() or target.is_symlink()) and not overwrite and not _empty_dir(target):
         raise FileExistsError(f"{target} already exists; pass --overwrite to replace it")
     target.parent.mkdir(parents=True, exist_ok=True)
     clean_leftovers(target)
@@ -338,14 +353,16 @@ def staged_dir(target: str | Path, overwrite: bool = False) -> Iterator[Path]:
             yield staging
             (staging / MARKER).unlink()
             apply_umask(staging)
-            _commit(staging, target, overwrite)
+            _commit(staging, target, overwrite, check)
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
             raise
 
 
 @contextlib.contextmanager
-def staged_file(target: str | Path, overwrite: bool = True) -> Iterator[Path]:
+def staged_file(
+    target: str | Path, overwrite: bool = True, check: Callable[[Path], None] | None = None
+) -> Iterator[Path]:
     """Yield a staging file path beside ``target``; on success it becomes ``target`` (see :func:`staged_dir`)."""
     target = Path(target)
     if target.is_dir():
@@ -359,6 +376,8 @@ def staged_file(target: str | Path, overwrite: bool = True) -> Iterator[Path]:
         try:
             yield staging
             apply_umask(staging)
+            if check is not None and target.exists():
+                check(target)
             if overwrite:
                 os.replace(staging, target)
             else:

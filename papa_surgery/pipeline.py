@@ -162,11 +162,13 @@ def run_convert(
     from .constants import Constants
     from .convert import build_recipe, check_output_dir, convert, save_checkpoint
     from .loading import load_config
+    from .overwrite import CLI, local_sources
     from .ranking import Ranking, check_fraction
 
     check_fraction(conv.fraction)
     out = Path(conv.out) if conv.out else default_out_dir(model_name, conv.fraction)
-    check_output_dir(out, conv.overwrite)
+    reading = local_sources(resolve_model(model_name))  # --out must not be (or hold, or lie in) the source
+    check_output_dir(out, conv.overwrite, reading=reading, words=CLI)
     constants_file = Constants.load(conv.constants) if conv.constants else None
     ranking_file = Ranking.load(rank.ranking) if rank.ranking else None
     if rank.ranking and rank.method:
@@ -222,7 +224,9 @@ def run_convert(
     agree()  # under torchrun / accelerate launch: rank 0 writes and pushes, once every rank is done
     if not is_main_process():
         return out
-    save_checkpoint(papa, out, tokenizer=tokenizer, recipe=recipe, overwrite=conv.overwrite, results=conv.results)
+    save_checkpoint(
+        papa, out, tokenizer=tokenizer, recipe=recipe, overwrite=conv.overwrite, results=conv.results, words=CLI
+    )
     if do_push:
         from .hub import push as hub_push
 
@@ -243,7 +247,7 @@ def run_calibrate(
     """``papa-surgery calibrate``: write a constants file (an existing one only with ``overwrite``)."""
     from .loading import load_config
 
-    out = check_output_file(out, overwrite, "constants file")
+    out = check_output_file(out, overwrite, "constants")
     path = resolve_model(model_name)
     config = load_config(path)
     check_source_config(config, model_name)
@@ -256,7 +260,7 @@ def run_calibrate(
     if kind == "distilled":  # every head constant: the constants of an attention-free model
         every = [[layer, head] for layer in range(constants.num_layers) for head in range(constants.num_heads)]
         constants = distil_constants(model, tokenizer, corpus, constants, every, distill, run, progress)
-    on_main(constants.save, out, overwrite=overwrite)  # under torchrun / accelerate launch: rank 0 writes
+    on_main(write_output, out, overwrite, "constants", constants.save)  # under a launcher: rank 0 writes
     return out
 
 
@@ -297,7 +301,7 @@ def run_rank(
     if rank.ranking:
         raise ValueError("`rank` makes a ranking: pass --method, not --ranking")
     check_rank_inputs(rank.method or ("lambda" if rank.task else "variance"), rank.task)
-    out = check_output_file(out, overwrite, "ranking file")
+    out = check_output_file(out, overwrite, "ranking")
     given = Constants.load(constants_file) if constants_file else None
     path = resolve_model(model_name)
     config = load_config(path)
@@ -320,11 +324,15 @@ def run_rank(
         check_pairs_fit(tokenizer, cal.max_length, cal.pairs)
         constants = obtain_constants(model, tokenizer, source, cal, run, "average", None, progress, corpus=corpus)
     ranking = obtain_ranking(model, tokenizer, rank, constants, run, source, cal, progress)
-    from .atomic import staged_file
-
-    def write() -> None:
-        with staged_file(out, overwrite=overwrite) as tmp:
-            ranking.save(tmp)
-
-    on_main(write)  # under torchrun / accelerate launch: rank 0 writes
+    on_main(write_output, out, overwrite, "ranking", ranking.save)  # under a launcher: rank 0 writes
     return out
+
+
+def write_output(out: Path, overwrite: bool, kind: str, save) -> None:
+    """``save(path)`` into a staging file that becomes ``out``, replacing only an output of the same ``kind``
+    (checked again at the end: the file may have changed while the command worked)."""
+    from .atomic import staged_file
+    from .preflight import check_output_file
+
+    with staged_file(out, overwrite=overwrite, check=lambda target: check_output_file(target, overwrite, kind)) as tmp:
+        save(tmp)

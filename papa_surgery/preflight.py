@@ -8,14 +8,12 @@ from .options import RankOptions
 from .sources import public_name_of
 
 
-def check_output_file(out, overwrite: bool, what: str = "output file") -> Path:
-    """ValueError unless ``out`` may be written: not a folder, not an existing file (unless ``overwrite``)."""
-    out = Path(out)
-    if out.is_dir():
-        raise ValueError(f"--out {str(out)!r} is a folder; pass a file path for the {what}")
-    if out.exists() and not overwrite:
-        raise ValueError(f"{what} {str(out)!r} already exists; pass --overwrite to replace it")
-    return out
+def check_output_file(out, overwrite: bool, kind: str) -> Path:
+    """ValueError unless ``out`` may be written as a ``kind`` output ("constants" or "ranking"): not a folder,
+    not an existing file unless ``overwrite`` and an earlier output of that kind (``papa_surgery.overwrite``)."""
+    from .overwrite import CLI, check_file
+
+    return check_file(out, overwrite, kind, CLI)
 
 
 def check_max_length(config, max_length: int, model_name: str, option: str = "--max-length") -> None:

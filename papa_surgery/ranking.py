@@ -97,10 +97,23 @@ class Ranking:
                 f"{layers} x {heads}; rank heads for this model"
             )
 
-    def save(self, path: str | Path) -> Path:
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps({"format": "papa-ranking", **asdict(self)}, indent=2) + "\n")
+    def save(self, path: str | Path, overwrite: bool = True) -> Path:
+        """Write the ranking JSON (atomically).
+
+        An existing file is replaced only when it is a ranking papa-surgery wrote (never another file);
+        ``overwrite=False`` refuses any existing file.
+
+        Raises:
+            ValueError: ``path`` is a folder or another kind of file, or exists and not ``overwrite``.
+        """
+        from .atomic import staged_file
+        from .overwrite import Words, check_file
+
+        words = Words("path", "overwrite=True")
+        path = check_file(path, overwrite, "ranking", words)
+        text = json.dumps({"format": "papa-ranking", **asdict(self)}, indent=2) + "\n"
+        with staged_file(path, overwrite, check=lambda target: check_file(target, overwrite, "ranking", words)) as tmp:
+            tmp.write_text(text)
         return path
 
     @classmethod
