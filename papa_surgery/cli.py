@@ -121,7 +121,7 @@ def main(ctx, quiet: bool, verbose: bool):
 @click_options(DistillOptions)
 @click_options(RunOptions)
 @click.option("--out", required=True, type=click.Path(dir_okay=False), help="Output constants file (.safetensors).")
-@click.option("--overwrite", is_flag=True, help="Replace an existing constants file.")
+@click.option("--overwrite", is_flag=True, help="Replace an earlier constants file (never another file).")
 @click.pass_context
 @scale_out
 def calibrate(ctx, model, kind, out, overwrite, **kwargs):
@@ -148,7 +148,7 @@ def calibrate(ctx, model, kind, out, overwrite, **kwargs):
 @click_options(CalibrationOptions)
 @click_options(RunOptions)
 @click.option("--out", required=True, type=click.Path(dir_okay=False), help="Output ranking file (.json).")
-@click.option("--overwrite", is_flag=True, help="Replace an existing ranking file.")
+@click.option("--overwrite", is_flag=True, help="Replace an earlier ranking file (never another file).")
 @click.pass_context
 @scale_out
 def rank(ctx, model, constants, out, overwrite, **kwargs):

@@ -149,7 +149,9 @@ class ConvertOptions:
         "Let fine-tuning update the constants (the paper's labeled matrices).", False, is_flag=True
     )
     out: str | None = opt("Output folder. Default: <model-name>-papa-<fraction> in the current folder.")
-    overwrite: bool = opt("Replace an existing output folder.", False, is_flag=True)
+    overwrite: bool = opt(
+        "Replace an earlier PAPA checkpoint (never another folder or your own files).", False, is_flag=True
+    )
     results: str | None = opt(
         "Probe results (JSONL from `papa-surgery probe`) to show in the model card.",
         type=click.Path(exists=True, dir_okay=False),
