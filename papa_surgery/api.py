@@ -299,11 +299,12 @@ def save(
     ``papa_recipe.json`` (the provenance :func:`convert` recorded) and a model card; all or nothing.
 
     ``AutoModel.from_pretrained(out_dir, trust_remote_code=True)`` loads it without papa-surgery installed.
-    ``overwrite=True`` replaces only an earlier PAPA checkpoint papa-surgery wrote there.
+    A new path or an empty folder is written; ``overwrite=True`` replaces only an earlier PAPA checkpoint, never
+    the model being read, another folder, or a checkpoint holding files papa-surgery did not write.
 
     Raises:
-        ValueError: ``out_dir`` holds something else (or a checkpoint, without ``overwrite``), or ``model`` is not
-            a PAPA model.
+        ValueError: ``out_dir`` exists (pass ``overwrite=True``), cannot be replaced (the error says why and
+            names the files that are not papa-surgery's), or ``model`` is not a PAPA model.
     """
     from .conversion.checkpoint import save_checkpoint
 

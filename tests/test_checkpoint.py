@@ -308,7 +308,7 @@ def test_existing_folder_and_failed_save_leave_nothing_half_written(tiny, tmp_pa
     papa = convert(src, Constants.from_kind("identity", 2, 4, L), [[0, 0]], tokenizer=tok)
     out = save_checkpoint(papa, tmp_path / "ckpt", tokenizer=tok, card=False)
     before = sorted(p.name for p in out.iterdir())
-    with pytest.raises(ValueError, match="already exists; pass --overwrite"):
+    with pytest.raises(ValueError, match="already exists; pass overwrite=True"):
         save_checkpoint(papa, out, tokenizer=tok, card=False)
 
     class Broken:

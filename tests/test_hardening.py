@@ -211,15 +211,15 @@ def calibrations(monkeypatch):
 
 # ---------------------------------------------------------------------------------------------- 5. calibrate overwrite
 def test_calibrate_refuses_to_overwrite_without_the_flag(source, corpus, tmp_path, calibrations):
-    out = tmp_path / "c.safetensors"
-    out.write_bytes(b"precious")
-    result = cli("calibrate", source, "--corpus", corpus, "--max-length", 16, "--out", out)
-    assert result.exit_code == 1 and "--overwrite" in result.output and str(out) in result.output
-    assert out.read_bytes() == b"precious" and calibrations.calls == 0
-    result = cli("calibrate", source, "--corpus", corpus, "--max-length", 16, "--out", out, "--overwrite")
-    assert result.exit_code == 0, result.output
     from papa_surgery.calibration.constants import Constants
 
+    out = Constants.from_kind("identity", 2, 4, 8).save(tmp_path / "c.safetensors")  # an earlier constants file
+    precious = out.read_bytes()  # (--overwrite replaces nothing else: tests/test_overwrite.py)
+    result = cli("calibrate", source, "--corpus", corpus, "--max-length", 16, "--out", out)
+    assert result.exit_code == 1 and "--overwrite" in result.output and str(out) in result.output
+    assert out.read_bytes() == precious and calibrations.calls == 0
+    result = cli("calibrate", source, "--corpus", corpus, "--max-length", 16, "--out", out, "--overwrite")
+    assert result.exit_code == 0, result.output
     assert Constants.load(out).max_length == 16
 
 

@@ -183,12 +183,16 @@ class Constants:
     def save(self, path: str | Path, overwrite: bool = True) -> Path:
         """Write a safetensors file (atomically) with the provenance in its metadata.
 
-        ``overwrite=False`` refuses an existing file, also one that appears while saving
-        (``papa_surgery.atomic``).
+        An existing file is replaced only when it is a constants file papa-surgery wrote (never another file);
+        ``overwrite=False`` refuses any existing file, also one that appears while saving (``papa_surgery.outputs``).
+
+        Raises:
+            ValueError: ``path`` is a folder or another kind of file, or exists and not ``overwrite``.
         """
+        from ..outputs.overwrite import check_file
         from ..outputs.staging import staged_file
 
-        path = Path(path)
+        path = check_file(path, overwrite, "constants", argument="path")
         tensors = {"values": self.values.float().contiguous()}
         if self.counts is not None:
             tensors["counts"] = self.counts.double().contiguous()
@@ -201,8 +205,12 @@ class Constants:
             "pairs": json.dumps(self.pairs),
             "provenance": json.dumps(self.metadata, sort_keys=True, default=str),
         }
-        with staged_file(path, overwrite=overwrite) as tmp_path:
-            save_file(tensors, str(tmp_path), metadata=meta)
+
+        def check(target: Path) -> None:  # again at the end: the file may have changed meanwhile
+            check_file(target, overwrite, "constants", argument="path")
+
+        with staged_file(path, overwrite, check=check) as tmp:
+            save_file(tensors, str(tmp), metadata=meta)
         return path
 
     @classmethod

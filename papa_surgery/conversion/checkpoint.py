@@ -25,23 +25,38 @@ def save_checkpoint(
     overwrite: bool = False,
     card: bool = True,
     results=None,
+    reading=(),
 ) -> Path:
     """Write a standalone PAPA checkpoint folder, all or nothing.
 
     The folder is assembled in a hidden staging sibling and moved into place only when complete, with a
-    rename that never replaces something this call did not create (``papa_surgery.atomic``): a failure,
+    rename that never replaces something this call did not create (``papa_surgery.outputs``): a failure,
     SIGTERM or Ctrl-C leaves no partial output, and a folder that appears at ``out_dir`` meanwhile is kept
-    (the error names where the finished checkpoint went). An existing folder is an error unless
-    ``overwrite``, which replaces only an earlier checkpoint or an empty folder. ``results`` (a probe results
-    JSONL file or rows) adds a results table to the model card.
+    (the error names where the finished checkpoint went). A new path or an empty folder is written; an
+    existing checkpoint is replaced only with ``overwrite``, and never the model being read (the model's and
+    tokenizer's folders, and ``reading``) or a folder holding files papa-surgery did not write
+    (``papa_surgery.outputs.overwrite``). ``results`` (a probe results JSONL file or rows) adds a results
+    table to the model card.
     """
+    from ..outputs.overwrite import local_sources
     from ..outputs.staging import staged_dir
 
     out_dir = Path(out_dir)
-    check_output_dir(out_dir, overwrite)
+    # The model and tokenizer may still be read from their folders while the checkpoint is written.
+    reading = [
+        *local_sources(
+            getattr(getattr(model, "config", None), "_name_or_path", None), getattr(tokenizer, "name_or_path", None)
+        ),
+        *local_sources(*reading),
+    ]
+    check_output_dir(out_dir, overwrite, reading=reading)
     if not hasattr(model.config, "papa_constant_heads"):
-        raise ValueError("save_checkpoint needs a PAPA model (from papa_surgery.convert.convert)")
-    with staged_dir(out_dir, overwrite=overwrite) as tmp:
+        raise ValueError("save_checkpoint needs a PAPA model (from papa_surgery.convert)")
+
+    def check(target: Path) -> None:  # again just before an existing target is replaced: it may have changed
+        check_output_dir(target, overwrite, reading=reading)
+
+    with staged_dir(out_dir, overwrite=overwrite, check=check) as tmp:
         model.save_pretrained(tmp)  # the PAPA classes are registered for auto classes: code files ride along
         if tokenizer is not None:
             save_tokenizer(tokenizer, tmp, int(model.config.papa_max_length))
@@ -54,21 +69,13 @@ def save_checkpoint(
     return out_dir
 
 
-def check_output_dir(out_dir: str | Path, overwrite: bool = False) -> None:
-    """ValueError unless a checkpoint may be written to ``out_dir`` (checked again, atomically, at the end).
+def check_output_dir(out_dir: str | Path, overwrite: bool = False, reading=()) -> None:
+    """ValueError unless a checkpoint may be written to ``out_dir`` (checked again just before it is replaced).
 
-    ``overwrite`` replaces an earlier PAPA checkpoint or an empty folder, never anything else (a typo such
-    as ``--out .`` must not delete a project).
+    A new path or an empty folder is fine; ``overwrite`` replaces an earlier PAPA checkpoint holding only files
+    papa-surgery writes, never anything else: not the model being read (``reading``), not a folder with other
+    content (a typo such as ``--out .`` must not delete a project). See ``papa_surgery.outputs.overwrite``.
     """
-    out_dir = Path(out_dir)
-    if out_dir.is_file():
-        raise ValueError(f"--out {str(out_dir)!r} is a file; pass a folder path for the checkpoint")
-    if not out_dir.exists():
-        return
-    if not overwrite:
-        raise ValueError(f"output folder {str(out_dir)!r} already exists; pass --overwrite to replace it")
-    if any(out_dir.iterdir()) and not (out_dir / "config.json").is_file():
-        raise ValueError(
-            f"--overwrite replaces an earlier checkpoint, but {str(out_dir)!r} is a folder with other content "
-            "(no config.json); choose another --out"
-        )
+    from ..outputs.overwrite import check_folder
+
+    check_folder(out_dir, overwrite, reading=reading)

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from .. import __version__
 from ..distributed import broadcast_from_main, is_main_process, on_main, world_size
+from ..outputs.overwrite import check_results_file
 from .artifacts import SweepArtifacts
 from .config import (
     DEFAULT_CORPUS,
@@ -168,7 +169,8 @@ def run_sweep(
 
     Raises:
         ValueError: a bad input (unknown task, kind or method, a fraction outside [0, 1], a missing data
-            file or column, an unreadable corpus or model...), raised before any line is written.
+            file or column, an unreadable corpus or model, an ``out_path`` that is not a results file...),
+            raised before any line is written.
     """
     from tqdm.auto import tqdm
 
@@ -178,6 +180,7 @@ def run_sweep(
     config.validate()
     job = job or ProbeJob(config)
     out_path = Path(out_path)
+    check_results_file(out_path)  # rows are appended to a results file, never to another file
     tasks = [get_task(t) for t in _as_tuple(config.tasks)]
     model_config = model.config if model is not None else _config_of(config)
     papa = is_papa_config(model_config)

@@ -25,15 +25,17 @@ import secrets
 import shutil
 import socket
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from ..failures import spell
 from .signals import signals_raise
 
 logger = logging.getLogger("papa_surgery")
 
 STAGING_TAG = ".papa-staging-"
 MARKER = ".papa-staging.json"
+Check = Callable[[Path], None]  # raises ValueError when an existing target may not be replaced
 
 
 class OutputExistsError(FileExistsError):
@@ -230,13 +232,39 @@ def clean_leftovers(target: str | Path) -> list[Path]:
     return removed
 
 
-def _kept_path(target: Path) -> Path:
+def _empty_dir(path: Path) -> bool:
+    """Whether ``path`` is an empty folder (not a symlink)."""
+    return path.is_dir() and not path.is_symlink() and not any(path.iterdir())
+
+
+def _keep(staging: Path, target: Path) -> Path:
+    """Move a finished staging copy that may not go to ``target`` beside it, under a visible name; where it went."""
     stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-    return target.with_name(f"{target.name}.papa-{stamp}-{secrets.token_hex(2)}")
+    kept = target.with_name(f"{target.name}.papa-{stamp}-{secrets.token_hex(2)}")
+    try:
+        rename_noreplace(staging, kept)
+    except OSError:
+        kept = staging
+    return kept
 
 
-def _commit(staging: Path, target: Path, overwrite: bool) -> None:
-    """Move a finished staging copy to ``target`` (replacing it only when ``overwrite``)."""
+def _check_again(staging: Path, target: Path, check: Check) -> None:
+    """``check(target)`` before replacing it (it may have changed meanwhile); on a refusal keep the result beside it."""
+    try:
+        check(target)
+    except ValueError as err:
+        kept = _keep(staging, target)
+        raise ValueError(f"{err} ({target} changed while this run worked; the result was kept at {kept})") from None
+
+
+def _commit(staging: Path, target: Path, overwrite: bool, check: Check | None = None, into_empty=False) -> None:
+    """Move a finished staging copy to ``target``: replacing it only when ``overwrite`` and ``check(target)``
+    allows it (what is there may have changed while the run worked), or an empty folder when ``into_empty``."""
+    if overwrite and check is not None and (target.exists() or target.is_symlink()):
+        _check_again(staging, target, check)
+    if into_empty and _empty_dir(target):  # the empty folder the run was given; one that appears meanwhile is kept
+        with contextlib.suppress(OSError):  # not empty any more: the no-replace rename below refuses it
+            os.rmdir(target)
     backup = None
     if overwrite and (target.exists() or target.is_symlink()):
         backup = _staging_path(target, ".old")
@@ -244,11 +272,7 @@ def _commit(staging: Path, target: Path, overwrite: bool) -> None:
     try:
         rename_noreplace(staging, target)
     except FileExistsError:
-        kept = _kept_path(target)
-        try:
-            rename_noreplace(staging, kept)
-        except OSError:
-            kept = staging
+        kept = _keep(staging, target)
         if backup is not None:
             logger.warning("the previous %s was kept at %s", target, backup)
         raise OutputExistsError(target, kept) from None
@@ -257,16 +281,21 @@ def _commit(staging: Path, target: Path, overwrite: bool) -> None:
 
 
 @contextlib.contextmanager
-def staged_dir(target: str | Path, overwrite: bool = False) -> Iterator[Path]:
+def staged_dir(target: str | Path, overwrite: bool = False, check: Check | None = None) -> Iterator[Path]:
     """Yield an empty staging folder; on success it becomes ``target``, on any error (or signal) it is removed.
+
+    An empty folder at ``target`` is written into without ``overwrite`` (one that appears meanwhile is not).
+    With ``overwrite``, ``check(target)`` runs just before an existing target is replaced and may refuse it with a
+    ValueError (``papa_surgery.overwrite``); the result is then kept beside it, and the error says where.
 
     Raises:
         FileExistsError: ``target`` exists and not ``overwrite`` (checked first, and again atomically at the end:
             :class:`OutputExistsError` then names where the finished folder was kept).
     """
     target = Path(target)
-    if (target.exists() or target.is_symlink()) and not overwrite:
-        raise FileExistsError(f"{target} already exists; pass --overwrite to replace it")
+    into_empty = _empty_dir(target)
+    if (target.exists() or target.is_symlink()) and not overwrite and not into_empty:
+        raise FileExistsError(f"{target} already exists; pass {spell('overwrite', True)} to replace it")
     target.parent.mkdir(parents=True, exist_ok=True)
     clean_leftovers(target)
     with signals_raise():
@@ -277,20 +306,20 @@ def staged_dir(target: str | Path, overwrite: bool = False) -> Iterator[Path]:
             yield staging
             (staging / MARKER).unlink()
             apply_umask(staging)
-            _commit(staging, target, overwrite)
+            _commit(staging, target, overwrite, check, into_empty)
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
             raise
 
 
 @contextlib.contextmanager
-def staged_file(target: str | Path, overwrite: bool = True) -> Iterator[Path]:
+def staged_file(target: str | Path, overwrite: bool = True, check: Check | None = None) -> Iterator[Path]:
     """Yield a staging file path beside ``target``; on success it becomes ``target`` (see :func:`staged_dir`)."""
     target = Path(target)
     if target.is_dir():
         raise IsADirectoryError(f"{target} is a folder; pass a file path")
     if target.exists() and not overwrite:
-        raise FileExistsError(f"{target} already exists; pass --overwrite to replace it")
+        raise FileExistsError(f"{target} already exists; pass {spell('overwrite', True)} to replace it")
     target.parent.mkdir(parents=True, exist_ok=True)
     clean_leftovers(target)
     with signals_raise():
@@ -298,6 +327,8 @@ def staged_file(target: str | Path, overwrite: bool = True) -> Iterator[Path]:
         try:
             yield staging
             apply_umask(staging)
+            if overwrite and check is not None and target.exists():
+                _check_again(staging, target, check)
             if overwrite:
                 os.replace(staging, target)
             else:

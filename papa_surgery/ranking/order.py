@@ -86,10 +86,23 @@ class Ranking:
                 f"{layers} x {heads}; rank heads for this model"
             )
 
-    def save(self, path: str | Path) -> Path:
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps({"format": "papa-ranking", **asdict(self)}, indent=2) + "\n")
+    def save(self, path: str | Path, overwrite: bool = True) -> Path:
+        """Write the ranking JSON (atomically).
+
+        An existing file is replaced only when it is a ranking papa-surgery wrote (never another file);
+        ``overwrite=False`` refuses any existing file.
+
+        Raises:
+            ValueError: ``path`` is a folder or another kind of file, or exists and not ``overwrite``.
+        """
+        from ..outputs.overwrite import check_file
+        from ..outputs.staging import staged_file
+
+        path = check_file(path, overwrite, "ranking", argument="path")
+        text = json.dumps({"format": "papa-ranking", **asdict(self)}, indent=2) + "\n"
+        check = lambda target: check_file(target, overwrite, "ranking", argument="path")  # noqa: E731
+        with staged_file(path, overwrite, check=check) as tmp:
+            tmp.write_text(text)
         return path
 
     @classmethod

@@ -30,6 +30,7 @@ from .preflight import (
     check_pairs_fit,
     check_source_config,
     preflight_ranking,
+    write_output,
 )
 from .steps import Workflow, analyze, open_corpus
 
@@ -82,11 +83,12 @@ def run_convert(
     """
     from ..calibration.constants import Constants
     from ..conversion.checkpoint import check_output_dir, save_checkpoint
-    from ..models.sources import default_out_dir, source_record
+    from ..models.sources import default_out_dir, resolve_model, source_record
     from ..ranking.order import Ranking
 
     out = Path(conv.out) if conv.out else default_out_dir(model_name, conv.fraction)
-    check_output_dir(out, conv.overwrite)
+    reading = [resolve_model(model_name)]  # --out must not be (or hold, or lie in) the source
+    check_output_dir(out, conv.overwrite, reading=reading)
     given = Constants.load(conv.constants) if conv.constants else None
     ranking = Ranking.load(rank.ranking) if rank.ranking else None
     if rank.ranking and rank.method:
@@ -165,7 +167,7 @@ def run_calibrate(
     distill: DistillOptions | None = None,
 ) -> Path:
     """``papa-surgery calibrate``: write a constants file (``distilled``: for an attention-free model)."""
-    out = check_output_file(out, overwrite, "constants file")
+    out = check_output_file(out, overwrite, "constants")
     _, config, source, _ = _source(model_name)
     check_source_config(config, model_name)
     check_max_length(config, cal.max_length, model_name)
@@ -173,7 +175,7 @@ def run_calibrate(
     flow = _workflow(model_name, run, source, progress)
     check_pairs_fit(flow.tokenizer, cal.max_length, cal.pairs)
     constants = flow.constants(kind, **_calibration(cal, corpus), distill=distill)
-    on_main(constants.save, out, overwrite=overwrite)  # under torchrun / accelerate launch: rank 0 writes
+    on_main(write_output, out, overwrite, "constants", constants.save)  # under a launcher: rank 0 writes
     return out
 
 
@@ -189,12 +191,11 @@ def run_rank(
 ) -> Path:
     """``papa-surgery rank``: write a ranking JSON."""
     from ..calibration.constants import Constants
-    from ..outputs.staging import staged_file
 
     if rank.ranking:
         raise ArgumentError("ranking", f"`rank` makes a ranking: pass {spell('method')}, not {spell('ranking')}")
     method = registry.check_method(rank.resolved_method, rank.task)
-    out = check_output_file(out, overwrite, "ranking file")
+    out = check_output_file(out, overwrite, "ranking")
     given = Constants.load(constants_file) if constants_file else None
     _, config, source, _ = _source(model_name)
     check_source_config(config, model_name)
@@ -219,12 +220,7 @@ def run_rank(
         steps=rank.steps,
         max_train_examples=rank.max_train_examples,
     )
-
-    def write() -> None:
-        with staged_file(out, overwrite=overwrite) as tmp:
-            ranking.save(tmp)
-
-    on_main(write)  # under torchrun / accelerate launch: rank 0 writes
+    on_main(write_output, out, overwrite, "ranking", ranking.save)  # under a launcher: rank 0 writes
     return out
 
 

@@ -9,14 +9,21 @@ from ..models.sources import public_name_of
 from ..options import ArgumentError, RankOptions, spell
 
 
-def check_output_file(out, overwrite: bool, what: str = "output file") -> Path:
-    """ValueError unless ``out`` may be written: not a folder, not an existing file (unless ``overwrite``)."""
-    out = Path(out)
-    if out.is_dir():
-        raise ArgumentError("out", f"{str(out)!r} is a folder; pass a file path for the {what}")
-    if out.exists() and not overwrite:
-        raise ValueError(f"{what} {str(out)!r} already exists; pass {spell('overwrite', True)} to replace it")
-    return out
+def check_output_file(out, overwrite: bool, kind: str) -> Path:
+    """ValueError unless ``out`` may be written as a ``kind`` output ("constants" or "ranking"): not a folder, not
+    an existing file unless ``overwrite`` and an earlier output of that kind (:mod:`papa_surgery.outputs.overwrite`)."""
+    from ..outputs.overwrite import check_file
+
+    return check_file(out, overwrite, kind)
+
+
+def write_output(out: Path, overwrite: bool, kind: str, save) -> None:
+    """``save(path)`` into a staging file that becomes ``out``, replacing only an output of the same ``kind``
+    (checked again at the end: the file may have changed while the command worked)."""
+    from ..outputs.staging import staged_file
+
+    with staged_file(out, overwrite=overwrite, check=lambda target: check_output_file(target, overwrite, kind)) as tmp:
+        save(tmp)
 
 
 def check_max_length(config, max_length: int, model_name: str, argument: str = "max_length") -> None:
