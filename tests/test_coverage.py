@@ -47,7 +47,7 @@ def test_short_corpus_warns_once_with_covered_length_and_fix(tiny):
     assert len(caught) == 1
     message = str(caught[0].message)
     assert f"covers only {covered} of the {L} slots" in message
-    assert "--max-length" in message and "longer examples" in message
+    assert "max_length=8" in message and "longer examples" in message  # in the Python API's words
 
 
 def test_converting_calibrated_constants_does_not_warn_again_but_a_loaded_file_does(tiny, tmp_path):

@@ -90,7 +90,7 @@ def test_resuming_with_other_hyperparameters_is_refused(tiny_folder, data_dir, t
     cfg = config(tiny_folder("bert"), data_dir, fractions=(0.0,), seeds=1, epochs=1)
     out = tmp_path / "r.jsonl"
     sweep(cfg, out)
-    with pytest.raises(ValueError, match="--weight-decay"):
+    with pytest.raises(ValueError, match="made with weight_decay=0.01"):
         sweep(cfg, out, weight_decay=0.1)
 
 
@@ -141,9 +141,9 @@ def test_finetune_refuses_what_it_cannot_train(tiny, data_dir):
     model, tok = tiny.model("bert"), tiny.tokenizer("bert")
     with pytest.raises(ValueError, match="'mlm' has no fine-tuning head"):
         finetune(model, tok, "mlm", data_dir=str(data_dir))
-    with pytest.raises(ValueError, match="--trainable-constants needs a model with constant heads"):
+    with pytest.raises(ValueError, match="trainable_constants: needs a model with constant heads"):
         finetune(model, tok, "sst2", options=FinetuneOptions(trainable_constants=True), data_dir=str(data_dir))
-    with pytest.raises(ValueError, match="--warmup-ratio"):
+    with pytest.raises(ValueError, match="warmup_ratio: 1.5 is not in the range"):
         finetune(model, tok, "sst2", options=FinetuneOptions(warmup_ratio=1.5), data_dir=str(data_dir))
 
 

@@ -191,7 +191,7 @@ def test_import_papa_surgery_and_help_stay_torch_free():
 
 
 def test_no_module_is_over_400_lines():
-    """DESIGN's style: small modules with one job each (split by job when one grows past 400 lines)."""
+    """docs/design.md: small modules with one job each (split by job when one grows past 400 lines)."""
     root = Path(__file__).resolve().parents[1] / PACKAGE
     long = {str(p.relative_to(root)): n for p in root.rglob("*.py") if (n := len(p.read_text().splitlines())) > 400}
     assert not long, f"modules over 400 lines: {long}"

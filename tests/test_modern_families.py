@@ -194,7 +194,7 @@ def test_every_kind_method_and_path_runs(tiny, tmp_path, model_type):
     """calibrate (every kind) -> rank (every method, lambda included) -> convert -> probe -> analyze, per family."""
     from papa_surgery import api
     from papa_surgery.calibration.constants import KINDS
-    from papa_surgery.ranking.order import LABEL_FREE_METHODS
+    from papa_surgery.registry import LABEL_FREE_METHODS
 
     src, tok = tiny.model(model_type, head="AutoModelForSequenceClassification"), tiny.tokenizer(model_type)
     sentences = SENTENCES * 2

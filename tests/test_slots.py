@@ -1,4 +1,4 @@
-"""The slot layout of DESIGN.md section 3: where each real token sits in a constant matrix."""
+"""The slot layout of docs/design.md section 2: where each real token sits in a constant matrix."""
 
 from __future__ import annotations
 

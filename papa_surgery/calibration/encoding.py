@@ -1,4 +1,4 @@
-"""Tokenise examples so they fit the slot layout (DESIGN.md section 3).
+"""Tokenise examples so they fit the slot layout (docs/design.md section 2).
 
 Single sentences are truncated to ``max_length`` tokens as usual. For a pair, each segment must fit its
 half of the layout (the middle separator sits at slot L/2), so each segment is cut on its own before the

@@ -1,4 +1,4 @@
-"""``papa-surgery``: the command line, a thin click layer over the library (DESIGN.md section 5).
+"""``papa-surgery``: the command line, a thin click layer over the library (docs/design.md).
 
 Every command is a short adapter (``commands``, ``checkpoints``, ``experiments``): options come from
 :mod:`papa_surgery.options`, the work from one library call, imported lazily so ``--help`` answers at once.

@@ -14,12 +14,13 @@ import os
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
+from ..outputs.overwrite import RESULT_FIELDS
 from ..failures import spell
 
 logger = logging.getLogger("papa_surgery")
 
 TASK_CORPUS = "task"  # the task's own training texts, labels unused (paper 4.1)
-KEY_FIELDS = ("model", "task", "fraction", "kind", "method", "seed", "corpus")
+KEY_FIELDS = (*RESULT_FIELDS, "corpus")
 DEFAULT_PROTOCOL = "probe"  # rows written before fine-tuning existed are probe rows
 
 
@@ -155,7 +156,7 @@ def read_rows(path: str | Path, repair: bool = False) -> list[dict]:
 
 def is_row(row) -> bool:
     """Whether a parsed line is a results row (has every key field but the corpus)."""
-    return isinstance(row, dict) and all(k in row for k in KEY_FIELDS[:-1])
+    return isinstance(row, dict) and all(k in row for k in RESULT_FIELDS)
 
 
 def append_row(path: Path, row: dict) -> None:

@@ -1,4 +1,4 @@
-"""Slot layout and constant attention (DESIGN.md section 3).
+"""Slot layout and constant attention (docs/design.md section 2).
 
 A constant matrix C is defined on ``max_length`` (L) slots laid out like the paper's App. A: the first
 segment starts at slot 0, a pair's middle separator(s) sit at L/2 (RoBERTa's ``</s></s>`` at L/2 and

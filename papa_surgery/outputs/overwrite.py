@@ -25,6 +25,10 @@ from pathlib import Path
 
 from ..failures import flag, spell
 
+# The fields every results row has: the cell it scored (papa_surgery.experiments.results builds its resume key,
+# KEY_FIELDS, from these and the corpus, which older rows lack).
+RESULT_FIELDS = ("model", "task", "fraction", "kind", "method", "seed")
+
 LABELS = {
     "checkpoint": "a PAPA checkpoint",
     "constants": "a constants file",
@@ -131,8 +135,6 @@ def _safetensors_format(path: Path) -> str | None:
 def _is_results(data: bytes) -> bool:
     """JSON lines of results rows: every line an object, at least one a row; a torn last line (a sweep killed
     mid-write) is one of ours when it starts like a row."""
-    from ..experiments.results import is_row
-
     lines = [line for line in data.split(b"\n") if line.strip()]
     rows = 0
     for i, line in enumerate(lines):
@@ -144,7 +146,7 @@ def _is_results(data: bytes) -> bool:
             return False
         if not isinstance(row, dict):
             return False
-        rows += is_row(row)
+        rows += all(k in row for k in RESULT_FIELDS)
     return rows > 0
 
 

@@ -3,7 +3,7 @@
 Both heads read ``features`` of shape (B, N, Ly, H): for every token the hidden states of all
 Ly = num_layers + 1 layers (the embeddings included), as ``output_hidden_states`` returns them.
 
-- :class:`SentenceProbe`: per layer a learned, non-attentive weight per *slot* (DESIGN.md section 3:
+- :class:`SentenceProbe`: per layer a learned, non-attentive weight per *slot* (docs/design.md section 2:
   the same slot layout the constant matrices use) pools the tokens; the Ly pooled vectors are
   concatenated, then Linear(Ly·H → H) → tanh → dropout → Linear(H → labels).
 - :class:`TokenProbe`: each token's Ly vectors are concatenated, then Linear → tanh → Linear.
