@@ -187,4 +187,4 @@ def parse_fractions(text: str | Sequence[float]) -> tuple[float, ...]:
     try:
         return FractionListType().convert(text, None, None)
     except click.BadParameter as err:
-        raise ArgumentError("fractions", err.format_message()) from None
+        raise ArgumentError("fractions", err.message) from None

@@ -154,7 +154,7 @@ def _check(name: str, meta: dict, value):
         try:
             return kind.convert(value, None, None)
         except click.BadParameter as err:
-            raise ArgumentError(name, err.format_message()) from None
+            raise ArgumentError(name, err.message) from None
     return value
 
 

@@ -299,15 +299,9 @@ def _reads(constants, kind: str) -> bool:
 
 
 def _constants_key(constants) -> tuple:
+    """What identifies constants across runs and process counts: how they were made, not when."""
     meta = constants.metadata
-    return (
-        constants.kind,
-        constants.max_length,
-        constants.pairs,
-        meta.get("corpus"),
-        meta.get("examples"),
-        meta.get("created"),
-    )
+    return (constants.kind, constants.max_length, constants.pairs, meta.get("corpus"), meta.get("examples"))
 
 
 def analyze(model, tokenizer, corpus, which: str, out_dir, **options) -> dict:
