@@ -14,8 +14,8 @@ import os
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from ..outputs.overwrite import RESULT_FIELDS
 from ..failures import spell
+from ..outputs.overwrite import RESULT_FIELDS
 
 logger = logging.getLogger("papa_surgery")
 
