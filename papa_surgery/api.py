@@ -152,7 +152,8 @@ def calibrate(
         )
     cal = CalibrationOptions(max_length=max_length, pairs=pairs, max_examples=max_examples)
     run = RunOptions(device=device, batch_size=batch_size)
-    check_max_length(model.config, cal.max_length, source_name or getattr(model.config, "_name_or_path", "the model"))
+    name = source_name or getattr(model.config, "_name_or_path", None) or "the model"
+    check_max_length(model.config, cal.max_length, name)
     flow = _workflow(model, tokenizer, source_name, run, progress)
     return flow.constants(chosen.name, corpus=corpus, max_length=cal.max_length, pairs=pairs, max_examples=max_examples)
 

@@ -166,3 +166,59 @@ def test_lapack_threads_is_scoped_and_restored_on_errors():
     with pytest.raises(RuntimeError, match="boom"), lapack_threads(torch.device("cpu")):
         raise RuntimeError("boom")
     assert torch.get_num_threads() == before
+
+
+# ------------------------------------------------------------------------- the API checks what the CLI checks
+def test_calibrate_refuses_more_slots_than_positions_before_allocating(tiny):
+    """10,000 slots would be 6.4 GB of fp64 sums on the tiny model (57 GB on MiniLM): refused by name first."""
+    model, tok = tiny.model("bert"), tiny.tokenizer("bert")
+    limit = model.config.max_position_embeddings
+    with pytest.raises(ValueError, match=rf"max_length: 10000 slots exceed the {limit} positions the model has.*"
+                       rf"max_length={limit}"):  # fmt: skip
+        papa_surgery.calibrate(model, tok, SENTENCES, max_length=10000, progress=False)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "words"),
+    [
+        ({"max_length": 0}, ValueError, r"max_length: 0 is not in the range"),
+        ({"max_examples": -1}, ValueError, r"max_examples: -1 is not in the range"),
+        ({"max_length": "128"}, TypeError, r"max_length: must be int, got the str '128'"),
+        ({"corpus": ["hello", None]}, TypeError, r"corpus: example 2 is None; every example must be a string"),
+        ({"corpus": [("a", "b")]}, TypeError, r"corpus: example 1 is the tuple .* pass pairs=True"),
+        ({"tokenizer": "notatok"}, TypeError, r"tokenizer: must be a transformers tokenizer"),
+    ],
+)
+def test_calibrate_arguments_are_checked_in_the_apis_words(tiny, kwargs, error, words):
+    model, tok = tiny.model("bert"), tiny.tokenizer("bert")
+    call = {"tokenizer": tok, "corpus": SENTENCES, "max_length": 32, "progress": False, **kwargs}
+    with pytest.raises(error, match=words):
+        papa_surgery.calibrate(model, call.pop("tokenizer"), call.pop("corpus"), **call)
+
+
+@pytest.mark.parametrize(
+    ("ranking", "fraction", "error", "words"),
+    [
+        (None, 0.5, TypeError, r"ranking: must be a Ranking, a ranking file \(.json\) or a method name"),
+        ("first-to-last", "0.5", TypeError, r"fraction: must be int or float, got the str '0.5'"),
+        ("first-to-last", True, TypeError, r"fraction: must be int or float, got the bool True"),
+        ("first-to-last", 1.5, ValueError, r"fraction: 1.5 is not between 0 and 1"),
+    ],
+)
+def test_convert_arguments_are_checked_in_the_apis_words(tiny, ranking, fraction, error, words):
+    model = tiny.model("bert")
+    constants = papa_surgery.Constants(make_constants("random", 2, 4, 32), "average", 32)
+    with pytest.raises(error, match=words) as caught:
+        papa_surgery.convert(model, constants, ranking, fraction=fraction)
+    assert "--" not in str(caught.value)  # the API names keyword arguments, never CLI flags
+
+
+def test_save_writes_into_an_existing_empty_folder(tiny, tmp_path):
+    model, tok = tiny.model("bert"), tiny.tokenizer("bert")
+    constants = papa_surgery.Constants(make_constants("random", 2, 4, 32), "average", 32)
+    papa = papa_surgery.convert(model, constants, "first-to-last", fraction=0.5, tokenizer=tok)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert papa_surgery.save(papa, empty, tokenizer=tok) == empty
+    loaded = AutoModel.from_pretrained(empty, trust_remote_code=True)
+    assert loaded.config.papa_constant_heads == papa.config.papa_constant_heads

@@ -15,7 +15,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from ..failures import spell
+from ..failures import ArgumentTypeError, spell
 
 TEXT_COLUMNS = ("text", "sentence", "content", "document")
 PAIR_COLUMNS = (("sentence1", "sentence2"), ("premise", "hypothesis"), ("question", "sentence"), ("text_a", "text_b"))
@@ -52,12 +52,16 @@ class Corpus:
 
 
 def _clean(example, pairs: bool):
+    if example is None:  # a missing value in a dataset's column: skipped (and counted) like an empty line
+        return None
     if pairs:
         if isinstance(example, str):
             parts = example.split("\t")
             if len(parts) != 2:
                 return None
             example = parts
+        if any(x is None for x in example):
+            return None
         a, b = (str(x).strip() for x in example)
         return (a, b) if a and b else None
     text = str(example).strip()
@@ -96,14 +100,15 @@ def _iterate(source, pairs: bool) -> Iterator:
             ex = _clean(raw, pairs)
             if ex is not None:
                 yield ex
-            elif pairs:
+            elif pairs or raw is None:
                 skipped.append(number)
     finally:
         if skipped:
             where = f"{source.name} lines" if isinstance(source, Path) else "examples"
             shown = ", ".join(map(str, skipped[:5])) + (", ..." if len(skipped) > 5 else "")
             logger.warning(
-                "corpus: skipped %d sentence pair(s) with an empty side or not exactly one TAB (%s %s)",
+                "corpus: skipped %d example(s) with a missing text, or pair(s) with an empty side or not exactly one "
+                "TAB (%s %s)",
                 len(skipped),
                 where,
                 shown,
@@ -161,6 +166,7 @@ def load_corpus(src, pairs: bool = False, max_examples: int | None = None, colum
         limit = max_examples if src.max_examples is None else min(max_examples, src.max_examples)
         return dataclasses.replace(src, max_examples=limit)
     if isinstance(src, (list, tuple)):
+        _check_examples(src, pairs)
         corpus = Corpus(list(src), pairs, f"in-memory list of {len(src)} examples", max_examples, len(src))
     elif hasattr(src, "column_names") and hasattr(src, "__iter__"):
         corpus = _from_dataset(src, pairs, columns, f"datasets object ({type(src).__name__})", max_examples)
@@ -174,6 +180,23 @@ def load_corpus(src, pairs: bool = False, max_examples: int | None = None, colum
             + (f" (with {spell('pairs', True)} every line needs exactly one TAB)" if pairs else "")
         )
     return corpus
+
+
+def _check_examples(examples, pairs: bool) -> None:
+    """TypeError naming the first example of an in-memory corpus that is not a string (or, with pairs, a pair)."""
+    for number, example in enumerate(examples, start=1):
+        if pairs:
+            ok = isinstance(example, str) or (
+                isinstance(example, (list, tuple)) and len(example) == 2 and all(isinstance(x, str) for x in example)
+            )
+            want = "a string with a TAB between the two sentences, or a (first, second) pair of strings"
+        else:
+            ok = isinstance(example, str)
+            pair_hint = f" (for sentence pairs pass {spell('pairs', True)})" if isinstance(example, tuple) else ""
+            want = "a string" + pair_hint
+        if not ok:
+            shown = "None" if example is None else f"the {type(example).__name__} {example!r}"[:80]
+            raise ArgumentTypeError("corpus", f"example {number} is {shown}; every example must be {want}")
 
 
 def _first(corpus: Corpus):
