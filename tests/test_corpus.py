@@ -19,3 +19,66 @@ def test_a_missing_text_in_a_dataset_is_skipped_and_counted_never_read_as_none(c
     assert "skipped 1 example(s) with a missing text" in caplog.text and "examples 2" in caplog.text
     pairs = datasets.Dataset.from_dict({"sentence1": ["a", "b"], "sentence2": [None, "d"]})
     assert list(load_corpus(pairs, pairs=True)) == [("b", "d")]
+
+
+@pytest.fixture
+def silent_hub():
+    """A local endpoint that accepts connections and closes them unanswered, counting them (the Hub, unreachable)."""
+    import socket
+    import threading
+
+    server = socket.create_server(("127.0.0.1", 0))
+    server.settimeout(0.2)
+    connections = []
+    stop = threading.Event()
+
+    def serve():
+        while not stop.is_set():
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                continue
+            connections.append(conn.recv(200))
+            conn.close()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.getsockname()[1]}", connections
+    stop.set()
+    thread.join()
+    server.close()
+
+
+@pytest.mark.parametrize("quiet", [False, True])
+def test_an_unreachable_hub_is_asked_once_and_convert_falls_back_in_one_line(tiny_folder, tmp_path, silent_hub, quiet):
+    """Offline without HF_HUB_OFFLINE=1: one quick question to the Hub, then the bundled excerpt, said once."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    endpoint, connections = silent_hub
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE")
+    }
+    env.update(HF_ENDPOINT=endpoint, HF_HOME=str(tmp_path / "hf"), HF_HUB_ETAG_TIMEOUT="1", HF_HUB_DOWNLOAD_TIMEOUT="1")
+    command = [
+        sys.executable, "-m", "papa_surgery", *(["-q"] if quiet else []), "convert", str(tiny_folder("bert")),
+        "--fraction", "0.5", "--max-length", "16", "--max-examples", "16", "--out", str(tmp_path / "out"),
+    ]  # fmt: skip
+    run = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-2000:]
+    lines = [
+        line for line in run.stderr.splitlines() if line.strip() and "it/s]" not in line and "batch/s]" not in line
+    ]
+    said = [line for line in lines if "bundled" in line]
+    assert len(connections) == 1 and connections[0].startswith(b"HEAD ")  # asked once, never retried
+    assert not any("retry" in line.lower() for line in lines), lines
+    if quiet:
+        assert said == []  # -q: no warnings
+    else:
+        assert said == lines and len(said) == 1 and "does not answer" in said[0], lines
+    recipe = json.loads((tmp_path / "out" / "papa_recipe.json").read_text())
+    assert "wikitext2_valid_excerpt" in recipe["corpus"]["description"] and recipe["corpus"]["examples"] == 16
