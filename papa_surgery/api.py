@@ -49,11 +49,13 @@ def load(
         device: where to put the model.
 
     Raises:
-        ValueError: an architecture papa-surgery does not support (the message lists those it does).
+        ValueError: an architecture papa-surgery does not support (the message lists those it does), or a device
+            this machine does not have.
     """
     from .models.loading import load_source
     from .models.sources import resolve_model
 
+    RunOptions(device=device)  # an unavailable device is refused in plain words before the weights load
     return load_source(
         resolve_model(name_or_path), auto_class=auto_class, revision=revision, dtype=dtype, device=device
     )

@@ -153,3 +153,29 @@ def test_not_a_papa_checkpoint_is_a_clear_error(tmp_path):
     with pytest.raises(ValueError, match="not a PAPA checkpoint"):
         write_card(tmp_path)
     assert not (tmp_path / "README.md").exists()
+
+
+def _set_coverage(folder: Path, **coverage) -> None:
+    recipe = json.loads((folder / "papa_recipe.json").read_text())
+    recipe["coverage"] = coverage
+    (folder / "papa_recipe.json").write_text(json.dumps(recipe))
+
+
+def test_the_card_says_how_many_examples_reached_the_slots(folder):
+    """ "every constant was measured" was printed for slots measured from one example: the card gives the counts."""
+    card = render_card(folder).text
+    assert "| calibrated on | single sentences (one segment per input" in card
+    assert (
+        "| covered length | the corpus reached all 16 slots (slot 0 by 64 examples, the least-reached slot by 64)"
+        in card
+    )
+    assert "every constant was measured" not in card and "fewer than 10" not in card
+    _set_coverage(folder, slots_seen=16, slots_total=16, min_examples_per_seen_slot=1, examples_at_slot_0=500,
+                  slots_with_10_examples=9)  # fmt: skip
+    card = render_card(folder).text
+    assert "the least-reached slot by 1)" in card
+    assert "7 of the reached slots were averaged over fewer than 10 examples (noisy)" in card
+    _set_coverage(folder, slots_seen=6, slots_total=16, min_examples_per_seen_slot=2, examples_at_slot_0=40,
+                  slots_with_10_examples=6)  # fmt: skip
+    card = render_card(folder).text
+    assert "the corpus reached 6 of 16 slots (slot 0 by 40 examples" in card and "estimated, not measured" in card

@@ -380,3 +380,17 @@ def test_trainer_fine_tunes_with_frozen_or_trainable_constants(tiny, tmp_path):
         changed = [not torch.equal(after[n], consts[n]) for n in consts]
         assert len(after) == len(consts) and (all(changed) if trainable else not any(changed))
         assert not torch.equal(model.bert.encoder.layer[0].attention.self.value.weight.detach(), value)
+
+
+def test_no_loading_flags_are_written_into_the_tokenizer_config(tiny_folder, tmp_path):
+    """A source read with local_files_only=True must not make every user of the checkpoint read locally only."""
+    import papa_surgery
+    from papa_surgery.conversion.checkpoint import LOADING_FLAGS
+
+    model, tok = papa_surgery.load(str(tiny_folder("bert")))
+    constants = Constants.from_kind("uniform", 2, 4, L)
+    papa = papa_surgery.convert(model, constants, "first-to-last", fraction=0.5, tokenizer=tok)
+    out = papa_surgery.save(papa, tmp_path / "ckpt", tokenizer=tok)
+    saved = json.loads((out / "tokenizer_config.json").read_text())
+    assert saved["model_max_length"] == L
+    assert not set(saved) & {*LOADING_FLAGS, "local_files_only", "is_local"}, sorted(saved)

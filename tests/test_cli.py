@@ -212,3 +212,93 @@ def test_distilled_kind_on_the_command_line(runner, source, corpus, tmp_path):
     config = json.loads((out / "config.json").read_text())
     assert config["papa_kind"] == "distilled" and len(config["papa_constant_heads"]) == 4
     assert "--distill-steps 2" in json.loads((out / "papa_recipe.json").read_text())["command"]
+
+
+# --------------------------------------------------------------------------------- flags where users put them
+def test_quiet_and_verbose_work_after_the_command_name(runner, source, corpus, tmp_path):
+    args = ["convert", source, "--fraction", "1", "--corpus", str(corpus), "--max-length", "64"]
+    loud = runner.invoke(main, [*args, "--out", str(tmp_path / "loud")])
+    assert loud.exit_code == 0 and "warning: the calibration corpus covers only" in loud.stderr  # the control
+    quiet = runner.invoke(main, [*args, "--out", str(tmp_path / "quiet"), "-q"])
+    assert quiet.exit_code == 0 and "warning:" not in quiet.stderr, quiet.stderr
+    failing = ["convert", str(tmp_path / "no-such-model"), "--fraction", "0.5"]
+    plain = runner.invoke(main, failing)
+    assert plain.exit_code == 1 and isinstance(plain.exception, SystemExit)  # one line, no traceback
+    verbose = runner.invoke(main, [*failing, "-v"])
+    assert isinstance(verbose.exception, ValueError) and "does not exist" in str(verbose.exception)  # the traceback
+
+
+def test_fractions_are_written_the_same_way_in_every_command(runner, source, tmp_path):
+    out = tmp_path / "seven-eighths"
+    args = ["convert", source, "--fraction", "7/8", "--kind", "identity", "--method", "first-to-last"]
+    result = invoke(runner, *args, "--max-length", 16, "--out", out)
+    assert result.exit_code == 0, result.output
+    assert json.loads((out / "config.json").read_text())["papa_fraction"] == 0.875
+    result = runner.invoke(main, ["probe", source, "--task", "sst2", "--fractions", "0,,1", "--out", "r.jsonl"])
+    assert result.exit_code == 2 and "--fractions" in result.output and "empty item" in result.output
+
+
+@pytest.mark.parametrize(
+    ("args", "flag", "words"),
+    [
+        (["probe", "{src}", "--task", "sst2", "--kind", "bogus", "--out", "r"], "--kind", "'bogus' is not one of"),
+        (["probe", "{src}", "--task", "sst2", "--method", "bogus", "--out", "r"], "--method", "'bogus' is not one of"),
+        (["finetune", "{src}", "--task", "sst2", "--kind", "bogus", "--out", "r"], "--kind", "'bogus' is not one of"),
+        (["probe", "{src}", "--task", "sst2", "--lr", "-1", "--out", "r.jsonl"], "--lr", "not in the range x>0"),
+        (["probe", "{src}", "--task", "sst2", "--device", "banana", "--out", "r.jsonl"], "--device", "not a device"),
+    ],
+)
+def test_bad_values_are_usage_errors_naming_the_flag_and_the_range(runner, source, args, flag, words):
+    result = runner.invoke(main, [a.replace("{src}", source) for a in args])
+    assert result.exit_code == 2, result.output
+    assert f"Invalid value for '{flag}'" in result.output and words in result.output
+
+
+def test_lr_help_gives_the_range_the_error_names(runner):
+    result = runner.invoke(main, ["probe", "--help"])
+    help_of_lr = " ".join(result.output.split("--lr", 1)[1].split("--batch-size", 1)[0].split())
+    assert "positive number" in help_of_lr and "[x>0]" in help_of_lr
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="needs a PyTorch without a usable GPU")
+def test_an_unavailable_device_is_said_in_plain_words_before_loading(runner, source, tmp_path):
+    import papa_surgery
+
+    args = ["convert", source, "--fraction", "0.5", "--kind", "identity", "--method", "first-to-last"]
+    result = runner.invoke(main, [*args, "--max-length", "16", "--device", "cuda", "--out", str(tmp_path / "o")])
+    assert result.exit_code == 2 and "Invalid value for '--device': cuda is not available" in result.output
+    assert "not compiled" not in result.output and not (tmp_path / "o").exists()
+    with pytest.raises(ValueError, match=r"device: cuda:1 is not available"):
+        papa_surgery.load(source, device="cuda:1")
+
+
+def test_ctrl_c_exits_130_and_leaves_nothing(source, tmp_path):
+    """A real process interrupted mid-calibration with SIGINT: the shell's 130, one line, no output file."""
+    import os
+    import signal
+    import threading
+    import time
+
+    corpus = tmp_path / "long.txt"
+    corpus.write_text("\n".join(f"line {i} of a corpus long enough to take a while" for i in range(200000)))
+    out = tmp_path / "c.safetensors"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    command = [sys.executable, "-m", "papa_surgery", "calibrate", source, "--corpus", str(corpus)]
+    proc = subprocess.Popen(
+        [*command, "--max-length", "16", "--batch-size", "2", "--out", str(out)],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    seen: list[str] = []
+    reader = threading.Thread(target=lambda: seen.extend(iter(lambda: proc.stderr.read(1), "")), daemon=True)
+    reader.start()
+    deadline = time.monotonic() + 300
+    while "calibrate:" not in "".join(seen) and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)  # until the calibration pass is under way
+    assert proc.poll() is None, "".join(seen)
+    proc.send_signal(signal.SIGINT)
+    proc.wait(timeout=120)
+    reader.join(timeout=10)
+    text = "".join(seen)
+    assert proc.returncode == 130, text[-2000:]
+    assert "Aborted: interrupted" in text and "Traceback" not in text
+    assert not out.exists() and not [p for p in tmp_path.iterdir() if p.name.startswith(".c.safetensors")]

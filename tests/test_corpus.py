@@ -18,7 +18,9 @@ def test_a_missing_text_in_a_dataset_is_skipped_and_counted_never_read_as_none(c
     assert examples == ["first", "third"]
     assert "skipped 1 example(s) with a missing text" in caplog.text and "examples 2" in caplog.text
     pairs = datasets.Dataset.from_dict({"sentence1": ["a", "b"], "sentence2": [None, "d"]})
-    assert list(load_corpus(pairs, pairs=True)) == [("b", "d")]
+    with caplog.at_level(logging.WARNING, logger="papa_surgery"):
+        assert list(load_corpus(pairs, pairs=True)) == [("b", "d")]
+    assert "skipped 1 sentence pair(s) with an empty or missing side" in caplog.text
 
 
 @pytest.fixture

@@ -273,6 +273,7 @@ class Constants:
                 "slots_total": self.max_length,
                 "min_examples_per_seen_slot": int(cov[cov > 0].min()) if seen else 0,
                 "examples_at_slot_0": int(cov[0]),
+                "slots_with_10_examples": int((cov >= 10).sum()),  # averages of fewer examples are noisy
                 "filled_cells": int((self.counts == 0).sum()),  # no example reached them; convert fills them
             }
         return out

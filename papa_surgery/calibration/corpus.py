@@ -106,13 +106,12 @@ def _iterate(source, pairs: bool) -> Iterator:
         if skipped:
             where = f"{source.name} lines" if isinstance(source, Path) else "examples"
             shown = ", ".join(map(str, skipped[:5])) + (", ..." if len(skipped) > 5 else "")
-            logger.warning(
-                "corpus: skipped %d example(s) with a missing text, or pair(s) with an empty side or not exactly one "
-                "TAB (%s %s)",
-                len(skipped),
-                where,
-                shown,
+            what = (
+                "sentence pair(s) with an empty or missing side or not exactly one TAB"
+                if pairs
+                else "example(s) with a missing text"
             )
+            logger.warning("corpus: skipped %d %s (%s %s)", len(skipped), what, where, shown)
 
 
 def _columns(column_names: Iterable[str], pairs: bool, columns: Iterable[str] | None) -> tuple[str, ...]:

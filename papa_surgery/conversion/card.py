@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from .. import report
-from .inspection import describe, format_coverage
+from .inspection import calibrated_on_text, describe, format_coverage
 
 TEMPLATE = Path(__file__).resolve().parents[1] / "cards" / "papa_model_card.md"
 IMAGE_NAME = "papa_constants.png"
@@ -122,7 +122,7 @@ def render_card(
     )
     fraction = d["fraction"]
     corpus = d["corpus"] or {}
-    corpus_text = str(corpus.get("description") or "not recorded")
+    corpus_text = str(corpus.get("description") or "none")
     if corpus.get("examples") is not None:
         corpus_text += f", {corpus['examples']} examples"
     if corpus.get("pairs"):
@@ -146,7 +146,7 @@ def render_card(
         kind=d["kind"],
         method=d["method"],
         max_length=int(d["max_length"]),
-        calibrated_on=d["calibrated_on"] or "not recorded",
+        calibrated_on=calibrated_on_text(d),
         corpus_text=corpus_text.replace("|", "\\|"),
         coverage_text=format_coverage(d["coverage"]).replace("|", "\\|") if d["coverage"] else "not recorded",
         covered_text=covered_text(d["coverage"], int(d["max_length"])),
@@ -177,16 +177,24 @@ def write_card(checkpoint_dir, results=None, command: str | None = None, **kwarg
 
 
 def covered_text(coverage, max_length: int) -> str:
-    """The card's "covered length" entry: how many slots the calibration corpus reached, and what that means."""
+    """The card's "covered length" entry: how many slots the calibration corpus reached, from how many examples."""
     seen = coverage.get("slots_seen") if isinstance(coverage, dict) else None
     if seen is None:
         return "not recorded (data-free constants need no corpus)"
+    first, least = coverage.get("examples_at_slot_0"), coverage.get("min_examples_per_seen_slot")
+    counts = f"slot 0 by {first} examples, the least-reached slot by {least}" if first is not None else ""
     if seen >= max_length:
-        return f"{seen} of {max_length} slots: every constant was measured"
-    return (
-        f"{seen} of {max_length} slots: the corpus reached inputs of up to {seen} tokens; cells beyond were filled "
-        f"from each head's relative-offset profile and special-slot attention (not measured)"
-    )
+        text = f"the corpus reached all {max_length} slots" + (f" ({counts})" if counts else "")
+    else:
+        text = (
+            f"the corpus reached {seen} of {max_length} slots" + (f" ({counts})" if counts else "") + "; the cells "
+            "of the other slots were filled from each head's relative-offset profile and special-slot attention "
+            "(estimated, not measured)"
+        )
+    well = coverage.get("slots_with_10_examples")
+    if isinstance(well, int) and well < seen:
+        text += f"; {seen - well} of the reached slots were averaged over fewer than 10 examples (noisy)"
+    return text
 
 
 def _percent(fraction) -> str:

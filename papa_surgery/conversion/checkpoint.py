@@ -7,12 +7,24 @@ from pathlib import Path
 
 from .st_files import copy_sentence_transformers_files
 
+# How the source tokenizer was loaded, which transformers keeps in its init kwargs and writes back on save: not a
+# property of the tokenizer, and wrong for whoever loads the checkpoint (local_files_only=True from the Hub).
+LOADING_FLAGS = (
+    "local_files_only", "is_local", "trust_remote_code", "revision", "cache_dir", "token", "use_auth_token",
+    "force_download", "resume_download", "proxies", "subfolder", "_commit_hash", "local_dir",
+)  # fmt: skip
+
 
 def save_tokenizer(tokenizer, out_dir: str | Path, max_length: int) -> None:
-    """Save ``tokenizer`` with ``model_max_length`` = L, so ``truncation=True`` and pipelines fit the slots."""
+    """Save ``tokenizer`` with ``model_max_length`` = L, so ``truncation=True`` and pipelines fit the slots.
+
+    No loading flags (``local_files_only``, ``trust_remote_code``...) are written into the checkpoint.
+    """
     tokenizer.save_pretrained(out_dir)
     path = Path(out_dir) / "tokenizer_config.json"
     config = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+    for name in LOADING_FLAGS:
+        config.pop(name, None)
     config["model_max_length"] = int(max_length)
     path.write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
 

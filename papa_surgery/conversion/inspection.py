@@ -10,6 +10,7 @@ import json
 import re
 from pathlib import Path
 
+from ..failures import one_line
 from ..hub_code import HUB_CODE_FILES
 from ..hub_code.families import family_for
 
@@ -191,6 +192,10 @@ def describe(folder) -> dict:
     corpus = recipe.get("corpus") or {}
     ranking = recipe.get("ranking") or {}
     files = {p.name: p.stat().st_size for p in sorted(folder.iterdir()) if p.is_file()}
+    try:
+        constants = constants_header(folder)
+    except Exception:  # a truncated or damaged weights file: checkpoint_problems names it
+        constants = {}
     versions = dict(recipe.get("library_versions") or {})
     if config.get("transformers_version"):
         versions.setdefault("transformers", config["transformers_version"])
@@ -237,7 +242,7 @@ def describe(folder) -> dict:
         "files": files,
         "total_size": sum(files.values()),
         "missing_files": [name for name in REQUIRED_FILES if name not in files],
-        "constants": constants_header(folder),
+        "constants": constants,
         "problems": checkpoint_problems(folder, config, num_layers, num_heads),
     }
 
@@ -291,8 +296,12 @@ def checkpoint_problems(folder: Path, config: dict, num_layers: int, num_heads: 
         return problems
     try:
         tensors = constants_header(folder)
-    except Exception as err:  # a damaged header
-        return [*problems, f"model.safetensors cannot be read: {err}"]
+    except Exception as err:  # a truncated or damaged file: safetensors' own words, with the file named
+        return [
+            *problems,
+            f"{folder / 'model.safetensors'} cannot be read, it is truncated or damaged ({one_line(err)}); "
+            "write the checkpoint again (or download it again)",
+        ]
     per_layer: dict[int, int] = {}
     for layer, _ in heads:
         per_layer[layer] = per_layer.get(layer, 0) + 1
@@ -318,7 +327,7 @@ def checkpoint_problems(folder: Path, config: dict, num_layers: int, num_heads: 
 
 def head_grid_lines(d: dict, constant: str = "C", kept: str = ".") -> list[str]:
     """The layer x head grid as text lines (``C`` constant, ``.`` input-dependent attention)."""
-    width = max(2, len(str(d["num_heads"] - 1)))
+    width = len(str(max(d["num_heads"] - 1, 0))) + 1  # a space before each column: heads 9, 10, 11 stay apart
     lines = ["layer " + "".join(f"{h:>{width}}" for h in range(d["num_heads"]))]
     for layer, row in enumerate(d["grid"]):
         lines.append(f"{layer:>5} " + "".join(f"{constant if c else kept:>{width}}" for c in row))
@@ -346,16 +355,16 @@ def format_description(d: dict) -> str:
         + (f" (fraction {fraction:.4g})" if fraction is not None else ""),
         f"  kind            {d['kind']}",
         f"  ranking         {d['method']}",
-        f"  slots (L)       {d['max_length']}   calibrated on {d['calibrated_on']}   dtype {d['constants_dtype']}"
+        f"  slots (L)       {d['max_length']}   dtype {d['constants_dtype']}"
         + f"   storage {d['constants_storage']}"
         + ("   trainable" if d["trainable_constants"] else ""),
     ]
+    lines.append(f"  calibrated on   {calibrated_on_text(d)}")
     corpus = d["corpus"] or {}
-    if corpus:
+    if corpus.get("description"):
         lines.append(
-            f"  corpus          {corpus.get('description', '?')}"
+            f"  corpus          {corpus['description']}"
             + (f" ({corpus['examples']} examples)" if corpus.get("examples") is not None else "")
-            + (", pairs" if corpus.get("pairs") else "")
         )
     if d["coverage"]:
         lines.append(f"  coverage        {format_coverage(d['coverage'])}")
@@ -373,6 +382,17 @@ def format_description(d: dict) -> str:
     for problem in d.get("problems") or []:
         lines.append(f"  PROBLEM         {problem}")
     return "\n".join(lines)
+
+
+def calibrated_on_text(d: dict) -> str:
+    """What the constants were calibrated on, in plain words (``describe``'s dict)."""
+    if not (d.get("corpus") or {}).get("description"):
+        return f"no corpus: {d.get('kind') or 'these'} constants are made without data"
+    if d.get("calibrated_on") == "pairs":
+        return f"sentence pairs (a pair's middle separator at slot {int(d['max_length']) // 2})"
+    if d.get("calibrated_on") == "single":
+        return "single sentences (one segment per input; pairs work too, their layout was not calibrated)"
+    return str(d.get("calibrated_on") or "not recorded")
 
 
 def format_coverage(coverage) -> str:

@@ -60,7 +60,12 @@ class FractionListType(click.ParamType):
 
 
 class DeviceType(click.ParamType):
-    """A torch device name: ``cpu``, ``cuda``, ``cuda:1``, ``mps``, ``xpu``... (availability is checked on use)."""
+    """A torch device this machine has: ``cpu``, ``cuda``, ``cuda:1``, ``mps``, ``xpu``...
+
+    The name is checked first, then (importing torch, only when a device is given) whether this PyTorch build
+    and machine can run on it, so ``--device cuda`` on a CPU build is a usage error in plain words, not torch's
+    message after the model has loaded.
+    """
 
     name = "device"
     py_types = (str,)
@@ -68,11 +73,43 @@ class DeviceType(click.ParamType):
 
     def convert(self, value, param, ctx) -> str:
         text = str(value)
-        if hasattr(value, "type") and hasattr(value, "index"):  # a torch.device
-            return text
-        if not self._PATTERN.match(text):
+        if not (hasattr(value, "type") and hasattr(value, "index")) and not self._PATTERN.match(text):  # torch.device
             self.fail(f"{value!r} is not a device: use cpu, cuda, cuda:N, mps or xpu", param, ctx)
+        problem = device_unavailable(text)
+        if problem:
+            self.fail(problem, param, ctx)
         return text
+
+
+def device_unavailable(name: str) -> str | None:
+    """Why this PyTorch cannot run on device ``name`` here, in plain words (``None``: it can)."""
+    import os
+
+    kind, _, index = name.partition(":")
+    if kind not in ("cuda", "mps", "xpu"):
+        return None  # cpu; meta; accelerators of third-party plugins (npu, hpu) check themselves
+    import torch
+
+    build = f"this PyTorch ({torch.__version__})"
+    if kind == "cuda":
+        if torch.version.cuda is None and getattr(torch.version, "hip", None) is None:
+            return f"{name} is not available: {build} is built without CUDA; use cpu or a CUDA build of PyTorch"
+        count = torch.cuda.device_count()
+        if count == 0:
+            visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+            where = f" (CUDA_VISIBLE_DEVICES={visible!r})" if visible is not None else ""
+            return f"{name} is not available: no CUDA GPU is visible{where}; use cpu"
+        if index and int(index) >= count:
+            return f"{name} is not available: {count} CUDA GPU(s) are visible (cuda:0 to cuda:{count - 1})"
+    elif kind == "mps":
+        mps = getattr(torch.backends, "mps", None)
+        if mps is None or not mps.is_built():
+            return f"{name} is not available: {build} is built without MPS (Apple GPU) support; use cpu"
+        if not mps.is_available():
+            return f"{name} is not available on this machine (MPS needs an Apple GPU and macOS 12.3 or later); use cpu"
+    elif not (hasattr(torch, "xpu") and torch.xpu.is_available()):
+        return f"{name} is not available: {build} sees no Intel XPU; use cpu"
+    return None
 
 
 FRACTION = FractionType()

@@ -53,6 +53,7 @@ def fit(
     seed: int,
     progress: bool = True,
     desc: str = "probe",
+    on_step: Callable[[int], None] | None = None,
 ) -> tuple[int, float | None]:
     """The probe's training loop: cross-entropy steps over length-bucketed epochs until ``steps``.
 
@@ -71,6 +72,8 @@ def fit(
         seed: the batch order's seed.
         progress: a tqdm bar over the steps.
         desc: the bar's label.
+        on_step: called with the number of steps done after each optimiser step (the lambda ranking records
+            its lambdas' path with it).
 
     Returns:
         (steps done, the last recorded loss or ``None`` when no step ran).
@@ -95,6 +98,8 @@ def fit(
             optimizer.step()
             done += 1
             bar.update(1)
+            if on_step is not None:
+                on_step(done)
             if done % 10 == 0 or done == steps:
                 loss_value = float(loss.item())
                 bar.set_postfix(loss=f"{loss_value:.4f}")

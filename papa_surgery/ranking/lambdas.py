@@ -154,6 +154,7 @@ def fit_lambdas(
     task: str | Task,
     data_dir: str | Path | None = None,
     options: LambdaOptions | None = None,
+    on_step=None,
     **overrides,
 ) -> LambdaFit:
     """Train ``mixed``'s lambdas (in place) jointly with a fresh probe on the task's train split.
@@ -168,6 +169,7 @@ def fit_lambdas(
         task: a registered probe task (sentence or token kind) or a :class:`Task`.
         data_dir: a local folder laid out like ``../shared/data``; ``None`` reads the Hub dataset.
         options: a :class:`LambdaOptions`; ``overrides`` replace single fields (``steps=10``).
+        on_step: called with the number of steps done after each step (e.g. to record the lambdas' path).
     """
     task = get_task(task)
     if task.kind == MLM:
@@ -215,7 +217,7 @@ def fit_lambdas(
             done, loss_value = fit(
                 head, features, enc.lengths, enc.labels, task.kind, optimizer,
                 batch_size=opts.batch_size, steps=steps, seed=opts.seed, progress=opts.progress,
-                desc=f"lambda ({task.name})",
+                desc=f"lambda ({task.name})", on_step=on_step,
             )  # fmt: skip
     finally:
         for param in params:
