@@ -394,3 +394,62 @@ def test_no_loading_flags_are_written_into_the_tokenizer_config(tiny_folder, tmp
     saved = json.loads((out / "tokenizer_config.json").read_text())
     assert saved["model_max_length"] == L
     assert not set(saved) & {*LOADING_FLAGS, "local_files_only", "is_local"}, sorted(saved)
+
+
+PAIR_SCRIPT = textwrap.dedent(
+    """
+    import json, sys
+    sys.modules["papa_surgery"] = None
+    import torch, transformers
+    from transformers import AutoModel, AutoTokenizer
+    source, checkpoint = sys.argv[1], sys.argv[2]
+    first, second = ["the cat sat on the mat", "a dog"], ["it was happy", "ran off to the text"]
+    src_tok = AutoTokenizer.from_pretrained(source)
+    tok = AutoTokenizer.from_pretrained(checkpoint, trust_remote_code=True)
+    src_enc = src_tok(first, second, padding=True, return_tensors="pt")
+    enc = tok(first, second, padding=True, return_tensors="pt")
+    with torch.no_grad():
+        expected = AutoModel.from_pretrained(source).eval()(**src_enc).last_hidden_state
+        got = AutoModel.from_pretrained(checkpoint, trust_remote_code=True).eval()(**enc).last_hidden_state
+    real = src_enc["attention_mask"].bool()
+    print(json.dumps({
+        "version": transformers.__version__, "source_class": type(src_tok).__name__, "class": type(tok).__name__,
+        "same_encoding": {k: torch.equal(v, enc[k]) for k, v in src_enc.items()} if set(enc) == set(src_enc) else
+        sorted(enc), "diff": (got - expected)[real].abs().max().item(),
+    }))
+    """
+)
+
+
+@pytest.mark.parametrize("which", ["installed", "floor"])
+def test_the_checkpoint_tokenizer_is_the_sources_class_on_every_supported_transformers(tmp_path, which):
+    """transformers 5.0's AutoTokenizer gave a generic tokenizer without token_type_ids for every PAPA checkpoint, so
+    a fraction-0 checkpoint's pair outputs differed from its source's; now class, encodings and outputs agree."""
+    from fake_hub import TINY_WORDS
+    from transformers import BertConfig, BertModel, BertTokenizer
+
+    import papa_surgery
+
+    python = sys.executable if which == "installed" else floor_python()
+    if python is None:
+        pytest.skip("no floor interpreter: scripts/test.sh makes .venv-floor (or set PAPA_FLOOR_PYTHON)")
+    vocab = tmp_path / "vocab.txt"
+    vocab.write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *TINY_WORDS, "cat", "sat", "mat",
+                                "dog", "happy", "ran", "off"]) + "\n")  # fmt: skip
+    source = tmp_path / "tiny-bert"
+    torch.manual_seed(0)
+    config = BertConfig(vocab_size=40, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                        intermediate_size=64, max_position_embeddings=64)  # fmt: skip
+    BertModel(config).save_pretrained(source)
+    BertTokenizer(vocab_file=str(vocab)).save_pretrained(source)
+    model, tok = papa_surgery.load(str(source))
+    constants = Constants.from_kind("uniform", 2, 4, L)
+    papa = papa_surgery.convert(model, constants, "first-to-last", fraction=0.0, tokenizer=tok)
+    out = papa_surgery.save(papa, tmp_path / "ckpt", tokenizer=tok, card=False)
+    result = fresh_python(PAIR_SCRIPT, str(source), str(out), cwd=tmp_path, python=python)
+    assert result.returncode == 0, result.stderr[-3000:]
+    facts = json.loads(result.stdout.strip().splitlines()[-1])
+    assert (which == "floor") == facts["version"].startswith("5.0.")
+    assert facts["class"] == facts["source_class"] == "BertTokenizer", facts
+    assert facts["same_encoding"] == {"input_ids": True, "token_type_ids": True, "attention_mask": True}, facts
+    assert facts["diff"] <= 1e-5, facts

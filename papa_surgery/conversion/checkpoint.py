@@ -18,7 +18,12 @@ LOADING_FLAGS = (
 def save_tokenizer(tokenizer, out_dir: str | Path, max_length: int) -> None:
     """Save ``tokenizer`` with ``model_max_length`` = L, so ``truncation=True`` and pipelines fit the slots.
 
-    No loading flags (``local_files_only``, ``trust_remote_code``...) are written into the checkpoint.
+    No loading flags (``local_files_only``, ``trust_remote_code``...) are written into the checkpoint. The
+    tokenizer's class is declared in ``config.json`` (``tokenizer_class``, a field every config has) instead of
+    ``tokenizer_config.json``: transformers 5.0's ``AutoTokenizer`` compares a ``tokenizer_config.json`` class with
+    the one it maps the model type to, knows no ``papa_*`` type, and falls back to a generic tokenizer (no
+    ``token_type_ids`` for BERT pairs); a class named by the model's config it loads as it is, as later releases
+    do. Call it after the model's ``config.json`` is written.
     """
     tokenizer.save_pretrained(out_dir)
     path = Path(out_dir) / "tokenizer_config.json"
@@ -26,7 +31,13 @@ def save_tokenizer(tokenizer, out_dir: str | Path, max_length: int) -> None:
     for name in LOADING_FLAGS:
         config.pop(name, None)
     config["model_max_length"] = int(max_length)
+    declared = config.pop("tokenizer_class", None)
     path.write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    model_config = Path(out_dir) / "config.json"
+    if declared and model_config.is_file():
+        fields = json.loads(model_config.read_text(encoding="utf-8"))
+        fields["tokenizer_class"] = fields.get("tokenizer_class") or declared
+        model_config.write_text(json.dumps(fields, indent=2, sort_keys=True) + "\n", encoding="utf-8")
 
 
 def save_checkpoint(
