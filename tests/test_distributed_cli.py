@@ -19,7 +19,7 @@ from test_sweep import write_sst2
 
 from papa_surgery.calibration.constants import Constants
 
-pytestmark = pytest.mark.usefixtures("one_thread")
+pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.slow]  # slow tier: torchrun / accelerate
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SINGLE = [sys.executable, "-m", "papa_surgery"]
