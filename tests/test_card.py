@@ -16,7 +16,8 @@ from fake_hub import TINY_SOURCE, build_tiny_checkpoint
 from huggingface_hub import ModelCard
 
 from papa_surgery.conversion.card import BIBTEX, IMAGE_NAME, REPO_PLACEHOLDER, render_card, write_card
-from papa_surgery.conversion.inspection import describe, format_description
+from papa_surgery.conversion.description import format_description
+from papa_surgery.conversion.inspection import describe
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 COMMAND = "papa-surgery convert papa-tests/tiny-bert --fraction 0.25 --max-length 16 --out tiny-papa"

@@ -12,7 +12,8 @@ from conftest import CallCounter, cli  # noqa: F401
 from fake_hub import build_tiny_checkpoint
 
 from papa_surgery.cli import main
-from papa_surgery.conversion.inspection import describe, format_description, head_grid_lines
+from papa_surgery.conversion.description import format_description, head_grid_lines
+from papa_surgery.conversion.inspection import describe
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 

@@ -175,7 +175,8 @@ def test_inspect_and_card_name_the_family_specifics(tiny, tmp_path, model_type):
     from papa_surgery.calibration.constants import Constants
     from papa_surgery.conversion.card import write_card
     from papa_surgery.conversion.checkpoint import save_checkpoint
-    from papa_surgery.conversion.inspection import describe, format_description
+    from papa_surgery.conversion.description import format_description
+    from papa_surgery.conversion.inspection import describe
     from papa_surgery.conversion.surgery import convert
 
     src, tok = tiny.model(model_type), tiny.tokenizer(model_type)

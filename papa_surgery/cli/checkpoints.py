@@ -13,7 +13,8 @@ from .context import verbosity
 @verbosity
 def inspect_(directory):
     """What a PAPA checkpoint holds: heads, kind, ranking, corpus, sizes."""
-    from ..conversion.inspection import describe, format_description
+    from ..conversion.description import format_description
+    from ..conversion.inspection import describe
 
     d = describe(directory)
     click.echo(format_description(d))

@@ -11,7 +11,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from .. import report
-from .inspection import calibrated_on_text, describe, format_coverage
+from .description import calibrated_on_text, format_coverage
+from .inspection import describe
 
 TEMPLATE = Path(__file__).resolve().parents[1] / "cards" / "papa_model_card.md"
 IMAGE_NAME = "papa_constants.png"

@@ -1,7 +1,7 @@
 """What a PAPA checkpoint folder holds: the facts behind ``papa-surgery inspect`` and the model card.
 
 ``describe(folder)`` reads ``config.json``, ``papa_recipe.json`` and the header of ``model.safetensors``
-(no weights are loaded) and returns a plain dict; ``format_description`` turns it into text.
+(no weights are loaded) and returns a plain dict; :mod:`.description` says it in words.
 """
 
 from __future__ import annotations
@@ -172,7 +172,7 @@ def hub_datasets(corpus: dict) -> list[str]:
 
 
 def describe(folder) -> dict:
-    """The facts of a PAPA checkpoint folder as a plain dict (see ``format_description``)."""
+    """The facts of a PAPA checkpoint folder as a plain dict (see :func:`.description.format_description`)."""
     folder = Path(folder)
     config = read_config(folder)
     recipe = read_recipe(folder)
@@ -323,88 +323,3 @@ def checkpoint_problems(folder: Path, config: dict, num_layers: int, num_heads: 
     if extra:
         problems.append(f"model.safetensors has constants for layer(s) {extra} with no constant heads in the config")
     return problems
-
-
-def head_grid_lines(d: dict, constant: str = "C", kept: str = ".") -> list[str]:
-    """The layer x head grid as text lines (``C`` constant, ``.`` input-dependent attention)."""
-    width = len(str(max(d["num_heads"] - 1, 0))) + 1  # a space before each column: heads 9, 10, 11 stay apart
-    lines = ["layer " + "".join(f"{h:>{width}}" for h in range(d["num_heads"]))]
-    for layer, row in enumerate(d["grid"]):
-        lines.append(f"{layer:>5} " + "".join(f"{constant if c else kept:>{width}}" for c in row))
-    return lines
-
-
-def human_size(n: int) -> str:
-    for unit in ("B", "KB", "MB", "GB"):
-        if n < 1024 or unit == "GB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n} B"
-
-
-def format_description(d: dict) -> str:
-    """Human-readable text of ``describe``'s dict (what ``papa-surgery inspect DIR`` prints)."""
-    fraction = d["fraction"]
-    lines = [
-        f"PAPA checkpoint: {d['folder']}",
-        f"  family          {d['family']} ({', '.join(d['architectures']) or 'no architectures'})",
-        *[f"  family notes    {d['family_notes']}; needs transformers>={d['min_transformers']}"]
-        * bool(d.get("family_notes")),
-        f"  source          {d['source_model']}" + (f" @ {d['source_revision']}" if d["source_revision"] else ""),
-        f"  constant heads  {d['num_constant_heads']} of {d['num_heads_total']}"
-        + (f" (fraction {fraction:.4g})" if fraction is not None else ""),
-        f"  kind            {d['kind']}",
-        f"  ranking         {d['method']}",
-        f"  slots (L)       {d['max_length']}   dtype {d['constants_dtype']}"
-        + f"   storage {d['constants_storage']}"
-        + ("   trainable" if d["trainable_constants"] else ""),
-    ]
-    lines.append(f"  calibrated on   {calibrated_on_text(d)}")
-    corpus = d["corpus"] or {}
-    if corpus.get("description"):
-        lines.append(
-            f"  corpus          {corpus['description']}"
-            + (f" ({corpus['examples']} examples)" if corpus.get("examples") is not None else "")
-        )
-    if d["coverage"]:
-        lines.append(f"  coverage        {format_coverage(d['coverage'])}")
-    lines.append(f"  format          v{d['format_version']}, papa-surgery {d['papa_surgery_version']}")
-    if d["library_versions"]:
-        lines.append("  libraries       " + ", ".join(f"{k} {v}" for k, v in sorted(d["library_versions"].items())))
-    if d["command"]:
-        lines.append(f"  command         {d['command']}")
-    lines.append("  heads (C = constant, . = attention):")
-    lines += ["    " + line for line in head_grid_lines(d)]
-    lines.append(f"  files ({human_size(d['total_size'])}):")
-    lines += [f"    {name:<28} {human_size(size):>10}" for name, size in d["files"].items()]
-    if d["missing_files"]:
-        lines.append(f"  missing         {', '.join(d['missing_files'])}")
-    for problem in d.get("problems") or []:
-        lines.append(f"  PROBLEM         {problem}")
-    return "\n".join(lines)
-
-
-def calibrated_on_text(d: dict) -> str:
-    """What the constants were calibrated on, in plain words (``describe``'s dict)."""
-    if not (d.get("corpus") or {}).get("description"):
-        return f"no corpus: {d.get('kind') or 'these'} constants are made without data"
-    if d.get("calibrated_on") == "pairs":
-        return f"sentence pairs (a pair's middle separator at slot {int(d['max_length']) // 2})"
-    if d.get("calibrated_on") == "single":
-        return "single sentences (one segment per input; pairs work too, their layout was not calibrated)"
-    return str(d.get("calibrated_on") or "not recorded")
-
-
-def format_coverage(coverage) -> str:
-    """A short text of the recipe's coverage entry (any JSON: dicts print as ``key value`` pairs)."""
-    if isinstance(coverage, dict):
-        parts = []
-        for key, value in coverage.items():
-            if isinstance(value, list):
-                value = f"[{len(value)} values]" if len(value) > 8 else value
-            parts.append(f"{key} {value}")
-        return ", ".join(parts)
-    if isinstance(coverage, list) and coverage and all(isinstance(v, (int, float)) for v in coverage):
-        seen = sum(1 for v in coverage if v > 0)
-        return f"{seen} of {len(coverage)} slots seen, min {min(coverage)}, max {max(coverage)} examples per slot"
-    return str(coverage)
