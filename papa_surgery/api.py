@@ -112,7 +112,7 @@ def calibrate(
     corpus: Any = None,
     *,
     kind: str = "average",
-    max_length: int = 128,
+    max_length: int | None = None,
     pairs: bool = False,
     batch_size: int = 32,
     max_examples: int | None = None,
@@ -132,7 +132,9 @@ def calibrate(
             corpus (WikiText-103 train from the Hub; offline, the bundled WikiText-2 excerpt).
         kind: ``average`` (the paper's), ``norm-average`` or ``effective-average`` (averaged over the corpus), or a
             data-free kind (``identity``, ``toeplitz``, ``zeros``, ``uniform``) that reads no corpus.
-        max_length: L, the number of slots (at most the model's positions).
+        max_length: L, the number of slots: the longest input the converted model accepts (at most the model's
+            positions). Default: the source's own length (its sentence-transformers ``max_seq_length``, else its
+            tokenizer's ``model_max_length``, within its position embeddings).
         pairs: the corpus holds sentence pairs.
         batch_size, max_examples, device, progress: how the pass runs.
         source_name: the source's Hub id, recorded in the provenance (default: the model's ``name_or_path``).
@@ -154,8 +156,9 @@ def calibrate(
         )
     cal = CalibrationOptions(max_length=max_length, pairs=pairs, max_examples=max_examples)
     run = RunOptions(device=device, batch_size=batch_size)
-    name = source_name or getattr(model.config, "_name_or_path", None) or "the model"
-    check_max_length(model.config, cal.max_length, name)
+    if cal.max_length is not None:
+        name = source_name or getattr(model.config, "_name_or_path", None) or "the model"
+        check_max_length(model.config, cal.max_length, name)
     flow = _workflow(model, tokenizer, source_name, run, progress)
     return flow.constants(chosen.name, corpus=corpus, max_length=cal.max_length, pairs=pairs, max_examples=max_examples)
 

@@ -176,10 +176,9 @@ def test_recipe_and_card_do_not_record_local_paths(tiny_folder, tmp_path, hub_id
     for text in (recipe, card):
         assert str(tmp_path) not in text and "/home/someone" not in text
     data = json.loads(recipe)
-    if hub_id:
-        assert data["source"]["model"] == hub_id and f"convert {hub_id} " in data["command"]
-    else:
-        assert data["source"]["model"] == "local model" and "'<local model>'" in data["command"]
+    # A local folder is named by its own name; a model card's base_model is what it derives from, not what it is
+    assert data["source"]["model"] == "tiny" and data["source"]["local"] is True
+    assert data["source"].get("base_model") == hub_id and "'<local model>'" in data["command"]
 
 
 def _set_coverage(folder: Path, **coverage) -> None:
@@ -206,3 +205,64 @@ def test_the_card_says_how_many_examples_reached_the_slots(folder):
                   slots_with_10_examples=6)  # fmt: skip
     card = render_card(folder).text
     assert "the corpus reached 6 of 16 slots (slot 0 by 40 examples" in card and "estimated, not measured" in card
+
+
+def _convert_local(src: Path, out: Path, *extra) -> tuple[dict, str, str]:
+    """Convert the local folder ``src``: (the recipe's source, the card, inspect's output)."""
+    result = cli("convert", src, "--fraction", 0.5, "--kind", "identity", "--method", "first-to-last",
+                 "--max-length", 16, "--out", out, *extra)  # fmt: skip
+    assert result.exit_code == 0, result.output
+    inspected = cli("inspect", out)
+    assert inspected.exit_code == 0, inspected.output
+    return (
+        json.loads((out / "papa_recipe.json").read_text())["source"],
+        (out / "README.md").read_text(),
+        inspected.output,
+    )
+
+
+def test_a_local_source_is_named_by_its_folder_and_its_ancestry(tiny_folder, tmp_path):
+    """A folder called "model" gave a card titled "model" with no base_model, and inspect said "source model"."""
+    plain = Path(shutil.copytree(tiny_folder("bert"), tmp_path / "my-tiny-bert"))
+    source, card, inspected = _convert_local(plain, tmp_path / "plain")
+    assert source["model"] == "my-tiny-bert" and "base_model" not in source
+    assert "# my-tiny-bert with PAPA constant attention" in card and "base_model" not in card.split("---")[1]
+    assert (
+        "This is **my-tiny-bert** (a local model) with" in card and "| source model | `my-tiny-bert` (a local" in card
+    )
+    assert "source          my-tiny-bert (a local model)" in inspected
+    # an older transformers wrote the Hub id it loaded from as _name_or_path; a path there is never recorded
+    config = json.loads((plain / "config.json").read_text())
+    for name_or_path, base in (("org/base-bert", "org/base-bert"), (str(tmp_path / "elsewhere" / "m"), None)):
+        (plain / "config.json").write_text(json.dumps({**config, "_name_or_path": name_or_path}))
+        out = tmp_path / f"derived-{base is None}"
+        source, card, inspected = _convert_local(plain, out)
+        assert source["model"] == "my-tiny-bert" and source.get("base_model") == base
+        assert str(tmp_path) not in card and str(tmp_path) not in (out / "papa_recipe.json").read_text()
+        if base:
+            assert ModelCard.load(out / "README.md").data.base_model == base
+            assert (
+                f"This is **my-tiny-bert** (a local model, derived from [{base}](https://huggingface.co/{base}))"
+                in card
+            )
+            assert f"source          my-tiny-bert (a local model, derived from {base})" in inspected
+
+
+def test_a_copy_of_a_hub_model_is_named_by_its_hub_id(tiny_folder, tmp_path):
+    """A Hugging Face cache snapshot (with its commit) and a git clone of a Hub repository (its credentials dropped)."""
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    snapshot = tmp_path / "hub" / "models--org--tiny-bert" / "snapshots" / commit
+    shutil.copytree(tiny_folder("bert"), snapshot)
+    source, card, inspected = _convert_local(snapshot, tmp_path / "from-cache")
+    assert (source["model"], source["hub_id"], source["revision"]) == ("org/tiny-bert", "org/tiny-bert", commit)
+    assert ModelCard.load(tmp_path / "from-cache" / "README.md").data.base_model == "org/tiny-bert"
+    assert "This is **org/tiny-bert** with" in card and f"source          org/tiny-bert @ {commit}" in inspected
+    assert "convert org/tiny-bert " in json.loads((tmp_path / "from-cache" / "papa_recipe.json").read_text())["command"]
+    clone = Path(shutil.copytree(tiny_folder("bert"), tmp_path / "clone"))
+    (clone / ".git").mkdir()
+    (clone / ".git" / "config").write_text(
+        '[remote "origin"]\n\turl = https://someone:hf_secret@huggingface.co/org/tiny-bert\n'
+    )
+    source, card, _ = _convert_local(clone, tmp_path / "from-clone")
+    assert source["hub_id"] == "org/tiny-bert" and "hf_secret" not in card
+    assert "hf_secret" not in (tmp_path / "from-clone" / "papa_recipe.json").read_text()

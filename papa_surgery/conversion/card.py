@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from .. import report
-from .description import calibrated_on_text, format_coverage
+from .description import calibrated_on_text, format_coverage, shorter_than_source_text
 from .inspection import describe
 
 TEMPLATE = Path(__file__).resolve().parents[1] / "cards" / "papa_model_card.md"
@@ -129,13 +129,15 @@ def render_card(
     if corpus.get("pairs"):
         corpus_text += " (sentence pairs)"
     name = source.rstrip("/").split("/")[-1] if source else d["family"]
+    source_link, source_intro = _source_words(source, d["base_model"], d.get("source_local", False))
     command = command or d["command"] or "(not recorded)"
     return ModelCard.from_template(
         card_data,
         template_path=str(_template_path()),
         title=f"{name} with PAPA constant attention ({_percent(fraction)} of heads constant)",
         source_model=source,
-        source_link=f"[{source}](https://huggingface.co/{d['base_model']})" if d["base_model"] else f"`{source}`",
+        source_intro=source_intro,
+        source_link=source_link,
         family=d["family"],
         architectures=", ".join(d["architectures"]) or "-",
         family_notes=d.get("family_notes", "").replace("|", "\\|"),
@@ -147,6 +149,7 @@ def render_card(
         kind=d["kind"],
         method=d["method"],
         max_length=int(d["max_length"]),
+        shorter_text=shorter_than_source_text(d),
         calibrated_on=calibrated_on_text(d),
         corpus_text=corpus_text.replace("|", "\\|"),
         coverage_text=format_coverage(d["coverage"]).replace("|", "\\|") if d["coverage"] else "not recorded",
@@ -175,6 +178,17 @@ def write_card(checkpoint_dir, results=None, command: str | None = None, **kwarg
     out = folder / "README.md"
     card.save(out)
     return out
+
+
+def _source_words(source: str | None, base_model: str | None, local: bool) -> tuple[str, str]:
+    """(the card table's source entry, the intro's "This is ..." words) for a Hub or a local source."""
+    if not source:
+        return "not recorded", "an encoder"
+    if not local:
+        link = f"[{source}](https://huggingface.co/{base_model})" if base_model else f"`{source}`"
+        return link, f"**{source}**"
+    derived = f", derived from [{base_model}](https://huggingface.co/{base_model})" if base_model else ""
+    return f"`{source}` (a local model{derived})", f"**{source}** (a local model{derived})"
 
 
 def covered_text(coverage, max_length: int) -> str:

@@ -31,7 +31,7 @@ def format_description(d: dict) -> str:
         f"  family          {d['family']} ({', '.join(d['architectures']) or 'no architectures'})",
         *[f"  family notes    {d['family_notes']}; needs transformers>={d['min_transformers']}"]
         * bool(d.get("family_notes")),
-        f"  source          {d['source_model']}" + (f" @ {d['source_revision']}" if d["source_revision"] else ""),
+        f"  source          {_source_text(d)}",
         f"  constant heads  {d['num_constant_heads']} of {d['num_heads_total']}"
         + (f" (fraction {fraction:.4g})" if fraction is not None else ""),
         f"  kind            {d['kind']}",
@@ -40,6 +40,8 @@ def format_description(d: dict) -> str:
         + f"   storage {d['constants_storage']}"
         + ("   trainable" if d["trainable_constants"] else ""),
     ]
+    if shorter_than_source_text(d):
+        lines.append(f"  shorter         {shorter_than_source_text(d)}")
     lines.append(f"  calibrated on   {calibrated_on_text(d)}")
     corpus = d["corpus"] or {}
     if corpus.get("description"):
@@ -63,6 +65,27 @@ def format_description(d: dict) -> str:
     for problem in d.get("problems") or []:
         lines.append(f"  PROBLEM         {problem}")
     return "\n".join(lines)
+
+
+def _source_text(d: dict) -> str:
+    """The source as ``inspect`` shows it: a Hub id (at its revision), or a local folder's name and its ancestry."""
+    name = d.get("source_model") or "not recorded"
+    if d.get("source_local"):
+        return f"{name} (a local model" + (f", derived from {d['base_model']})" if d.get("base_model") else ")")
+    return name + (f" @ {d['source_revision']}" if d.get("source_revision") else "")
+
+
+def shorter_than_source_text(d: dict) -> str:
+    """What a checkpoint whose L is below its source's own length refuses (empty when it is not below)."""
+    own = d.get("source_max_length") or {}
+    length, slots = own.get("length"), d.get("max_length")
+    if not isinstance(length, int) or not isinstance(slots, int) or slots >= length:
+        return ""
+    return (
+        f"L = {slots} is below the source's own length, {length} ({own.get('from') or 'not recorded'}): inputs of "
+        f"{slots + 1} to {length} tokens, which the source takes, are refused (a tokenizer with truncation=True and a "
+        f"sentence-transformers pipeline cut them at {slots})"
+    )
 
 
 def calibrated_on_text(d: dict) -> str:

@@ -63,13 +63,25 @@ def read_recipe(folder: Path) -> dict:
 
 
 def base_model_id(source: dict, name: str | None) -> str | None:
-    """The Hub id to declare as ``base_model``: ``source.hub_id``, else a ``namespace/name`` source."""
-    hub_id = source.get("hub_id")
-    if hub_id and is_hub_id(hub_id):
-        return hub_id
+    """The Hub id to declare as ``base_model``: the model the source derives from (``source.base_model``, which
+    is the source itself when it is a Hub model), else ``source.hub_id``, else a ``namespace/name`` source."""
+    for candidate in (source.get("base_model"), source.get("hub_id")):
+        if candidate and is_hub_id(candidate):
+            return candidate
     if name and "/" in name and is_hub_id(name) and not Path(name).exists():
         return name
     return None
+
+
+def source_facts(config: dict, source: dict) -> tuple[str | None, bool]:
+    """(the source's name to show, whether it is a local model), from ``papa_recipe.json``'s ``source``.
+
+    Recipes written before local sources were named kept ``"local model"`` and the folder's ``local_name``.
+    """
+    name = config.get("papa_source_model") or source.get("model")
+    if source.get("model") == "local model":
+        return source.get("local_name") or config.get("papa_source_model"), True
+    return name, bool(source.get("local")) and not source.get("hub_id")
 
 
 def is_hub_id(name: str | None) -> bool:
@@ -208,7 +220,8 @@ def describe(folder) -> dict:
         "architectures": list(config.get("architectures") or []),
         "auto_class": auto_class_for(config.get("architectures")),
         "pipeline_tag": pipeline_tag_for(config.get("architectures")),
-        "source_model": config.get("papa_source_model") or source.get("model"),
+        "source_model": source_facts(config, source)[0],
+        "source_local": source_facts(config, source)[1],
         "source_revision": source.get("revision"),
         "base_model": base_model_id(source, config.get("papa_source_model") or source.get("model")),
         "license": source.get("license") or recipe.get("license"),
@@ -224,6 +237,7 @@ def describe(folder) -> dict:
         "method": config.get("papa_method") or ranking.get("method"),
         "ranking_provenance": ranking.get("provenance"),
         "max_length": config.get("papa_max_length"),
+        "source_max_length": source.get("max_length") if isinstance(source.get("max_length"), dict) else None,
         "calibrated_on": config.get("papa_calibrated_on"),
         "sep_token_id": config.get("papa_sep_token_id"),
         "constants_dtype": config.get("papa_constants_dtype"),

@@ -31,14 +31,32 @@ def sentence_transformers_folder(source: str | Path | None, revision: str | None
     if str(source).startswith(("/", ".", "~")):
         return None
     try:
-        from huggingface_hub import snapshot_download
+        from huggingface_hub import constants, snapshot_download
 
+        from ..models.loading import hub_reachable
+
+        offline = constants.HF_HUB_OFFLINE or not hub_reachable()  # the cache only: no retries against a silent Hub
         folder = Path(
-            snapshot_download(str(source), revision=revision, allow_patterns=[*ST_FILES, "*/config.json", "*/*.json"])
+            snapshot_download(
+                str(source),
+                revision=revision,
+                allow_patterns=[*ST_FILES, "*/config.json", "*/*.json"],
+                local_files_only=offline,
+            )
         )
     except Exception:  # offline, gated, or not on the Hub: a plain transformers model then
         return None
     return folder if (folder / "modules.json").is_file() else None
+
+
+def sentence_transformers_max_length(source: str | Path | None) -> int | None:
+    """The ``max_seq_length`` a sentence-transformers source truncates at (``None``: not such a model, or unset)."""
+    folder = sentence_transformers_folder(source)
+    path = None if folder is None else folder / "sentence_bert_config.json"
+    if path is None or not path.is_file():
+        return None
+    value = json.loads(path.read_text(encoding="utf-8")).get("max_seq_length")
+    return int(value) if isinstance(value, int) and value > 0 else None
 
 
 def copy_sentence_transformers_files(source: str | Path | None, out_dir: str | Path, max_length: int) -> list[str]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from ..options import RunOptions
@@ -26,25 +27,80 @@ def resolve_model(name: str) -> str:
 
 
 def source_info(name: str) -> dict:
-    """Hub id and license of a source, for recipes and cards (local folders: from their model card)."""
-    info = {"model": name, "hub_id": None, "license": None}
-    path = Path(name)
-    if path.is_dir():
-        try:
-            if Path(embedded_model_path()).resolve() == path.resolve():
-                info["hub_id"] = EMBEDDED_HUB_ID
-        except ValueError:
-            pass
-        readme = path / "README.md"
-        if readme.is_file():
-            from huggingface_hub import ModelCard
+    """Who a source is, for recipes and cards, with no local path in it.
 
-            data = ModelCard.load(readme).data
-            info["license"] = data.get("license")
-            info["hub_id"] = info["hub_id"] or data.get("base_model")
-    elif "/" in name:
-        info["hub_id"] = name
+    Returns ``model`` (the name to show: a Hub id, or a local folder's own name), ``hub_id`` (the Hub model it is,
+    when known: a Hub id, the embedded MiniLM, a Hugging Face cache snapshot or a git clone of a Hub repo),
+    ``base_model`` (the Hub model it derives from: itself, else what its model card's ``base_model`` or its
+    config's ``_name_or_path`` names), ``revision`` (a cache snapshot's commit), ``license`` and ``local``.
+    """
+    path = Path(name)
+    info = {"model": name, "hub_id": None, "base_model": None, "revision": None, "license": None, "local": False}
+    if not path.is_dir():
+        if "/" in name:
+            info["hub_id"] = info["base_model"] = name
+        return info
+    info["local"] = True
+    info["model"] = path.resolve().name
+    copy = hub_copy_of(path)
+    if copy is not None:
+        info["hub_id"], info["revision"] = copy
+    readme = path / "README.md"
+    card = {}
+    if readme.is_file():
+        from huggingface_hub import ModelCard
+
+        card = ModelCard.load(readme).data.to_dict()
+        info["license"] = card.get("license")
+    info["base_model"] = info["hub_id"] or _declared_base(card, path)
+    if info["hub_id"]:
+        info["model"] = info["hub_id"]
     return info
+
+
+def hub_copy_of(path: Path) -> tuple[str, str | None] | None:
+    """``(Hub id, revision)`` when a local folder is a copy of a Hub model, else ``None``.
+
+    Recognised: the embedded all-MiniLM-L6-v2, a Hugging Face cache snapshot (``.../models--org--name/snapshots/
+    <commit>``, the commit being the revision) and a ``git clone`` of a huggingface.co repository (its remote,
+    credentials dropped).
+    """
+    try:
+        if Path(embedded_model_path()).resolve() == path.resolve():
+            return EMBEDDED_HUB_ID, None
+    except ValueError:
+        pass
+    snapshot = path.resolve()
+    if snapshot.parent.name == "snapshots" and snapshot.parent.parent.name.startswith("models--"):
+        repo = snapshot.parent.parent.name.removeprefix("models--").replace("--", "/")
+        return repo, snapshot.name if re.fullmatch(r"[0-9a-f]{40}", snapshot.name) else None
+    git_config = path / ".git" / "config"
+    if git_config.is_file():
+        match = _HF_REMOTE.search(git_config.read_text(encoding="utf-8", errors="replace"))
+        if match:
+            return match.group("repo").removesuffix(".git"), None
+    return None
+
+
+_HF_REMOTE = re.compile(r"url\s*=\s*https?://(?:[^@/\s]+@)?(?:www\.)?huggingface\.co/(?P<repo>[\w.-]+/[\w.-]+)")
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
+def _declared_base(card: dict, path: Path) -> str | None:
+    """The Hub model a local folder says it derives from: its card's ``base_model``, else ``_name_or_path``."""
+    import json
+
+    base = card.get("base_model")
+    if isinstance(base, list):
+        base = base[0] if base else None
+    if not base and (path / "config.json").is_file():
+        try:
+            base = json.loads((path / "config.json").read_text(encoding="utf-8")).get("_name_or_path")
+        except (ValueError, UnicodeDecodeError):
+            base = None
+    if isinstance(base, str) and _HUB_ID.match(base) and not Path(base).expanduser().exists():
+        return base  # a Hub id; a path ("/home/...", "./model") is never recorded
+    return None
 
 
 def default_device(device: str | None) -> str:
@@ -70,14 +126,8 @@ def public_name_of(model_name: str) -> str:
 
 
 def source_record(model_name: str, path: str, info: dict) -> dict:
-    """The recipe's ``source``: the Hub id when known, else "local model" with the folder's name (no paths)."""
-    from .loading import public_name
-
-    hub_id = info.get("hub_id")
-    record = {**info, "model": hub_id or "local model"}
-    if not hub_id:
-        record["local_name"] = public_name(path)
-    return record
+    """The recipe's ``source``: :func:`source_info`'s facts (a local folder by its own name, never its path)."""
+    return {k: v for k, v in info.items() if v is not None}
 
 
 def default_out_dir(model: str, fraction: float) -> Path:

@@ -33,7 +33,12 @@ class CalibrationOptions(Checked):
     """How constants are calibrated (paper 3.1)."""
 
     corpus: str | None = opt(DEFAULT_CORPUS_HELP)
-    max_length: int = opt("Slots L of each constant matrix (longest input the model accepts).", 128, type=SLOTS)
+    max_length: int | None = opt(
+        "Slots L of each constant matrix: the longest input the converted model accepts. Default: the source's own "
+        "length (its sentence-transformers max_seq_length, else its tokenizer's model_max_length, within its "
+        "position embeddings; all-MiniLM-L6-v2: 256).",
+        type=SLOTS,
+    )
     pairs: bool = opt("The corpus holds sentence pairs (middle separator at slot L/2).", False, is_flag=True)
     max_examples: int | None = opt("Use at most this many corpus examples.", None, type=POSITIVE_INT)
 

@@ -56,7 +56,8 @@ def _workflow(model_name: str, run: RunOptions, source: str, progress: bool, att
 
 
 def _calibration(cal: CalibrationOptions, corpus) -> dict:
-    """The keyword arguments of ``Workflow.constants`` for these options and the opened corpus."""
+    """The keyword arguments of ``Workflow.constants`` for these options and the opened corpus (``max_length``
+    ``None``: the source's own length, resolved by the workflow once the source is loaded)."""
     return {
         "corpus": corpus if corpus is not None else cal.corpus,
         "max_length": cal.max_length,
@@ -100,7 +101,8 @@ def run_convert(
         repo_id = resolve_push_target(push.repo_id, out.resolve().name)
     path, config, source, info = _source(model_name)
     check_source_config(config, model_name)
-    check_max_length(config, given.max_length if given else cal.max_length, model_name)
+    if given is not None or cal.max_length is not None:  # the default, the source's own length, fits by construction
+        check_max_length(config, given.max_length if given else cal.max_length, model_name)
     if ranking is not None:
         ranking.check_compatible(config)
     kind = registry.kind(conv.kind)
@@ -111,7 +113,7 @@ def run_convert(
     corpus = open_corpus(cal.corpus, pairs=cal.pairs, max_examples=cal.max_examples) if reads_corpus else None
     preflight_ranking(rank)
     flow = _workflow(model_name, run, source, progress)
-    check_pairs_fit(flow.tokenizer, cal.max_length, cal.pairs and corpus is not None)
+    check_pairs_fit(flow.tokenizer, flow.slots(cal.max_length), cal.pairs and corpus is not None)
     calibration = _calibration(cal, corpus)
     if given is not None:
         given.check_compatible(flow.model.config, source, model=flow.model)
@@ -171,10 +173,11 @@ def run_calibrate(
     out = check_output_file(out, overwrite, "constants")
     _, config, source, _ = _source(model_name)
     check_source_config(config, model_name)
-    check_max_length(config, cal.max_length, model_name)
+    if cal.max_length is not None:
+        check_max_length(config, cal.max_length, model_name)
     corpus = open_corpus(cal.corpus, pairs=cal.pairs, max_examples=cal.max_examples)
     flow = _workflow(model_name, run, source, progress)
-    check_pairs_fit(flow.tokenizer, cal.max_length, cal.pairs)
+    check_pairs_fit(flow.tokenizer, flow.slots(cal.max_length), cal.pairs)
     constants = flow.constants(kind, **_calibration(cal, corpus), distill=distill)
     on_main(write_output, out, overwrite, "constants", constants.save)  # under a launcher: rank 0 writes
     return out
@@ -201,7 +204,7 @@ def run_rank(
     _, config, source, _ = _source(model_name)
     check_source_config(config, model_name)
     calibrates = given is None and (cal.corpus is not None or method.constants is not None)
-    if calibrates:
+    if calibrates and cal.max_length is not None:
         check_max_length(config, cal.max_length, model_name)
     corpus = open_corpus(cal.corpus, pairs=cal.pairs, max_examples=cal.max_examples) if calibrates else None
     preflight_ranking(rank)
@@ -210,7 +213,7 @@ def run_rank(
     if given is not None:
         given.check_compatible(flow.model.config, source, model=flow.model)
     elif cal.corpus:
-        check_pairs_fit(flow.tokenizer, cal.max_length, cal.pairs)
+        check_pairs_fit(flow.tokenizer, flow.slots(cal.max_length), cal.pairs)
         constants = flow.constants("average", **_calibration(cal, corpus))
     ranking = flow.ranking(
         method.name,

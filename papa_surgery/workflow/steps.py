@@ -7,7 +7,7 @@ ranking method reads, and how a converted model records its provenance; the regi
 pass a :class:`Cache` that keeps constants and rankings between cells and on disk between runs.
 
     flow = Workflow(model, tokenizer, source_name="sentence-transformers/all-MiniLM-L6-v2")
-    constants = flow.constants("average", corpus=None, max_length=128)   # None: the default corpus
+    constants = flow.constants("average")           # the default corpus, at the source's own length (256 here)
     ranking = flow.ranking("variance", constants=constants)
     papa = flow.convert(constants, ranking, fraction=0.5)                  # papa.papa_recipe: how to redo it
 """
@@ -82,10 +82,26 @@ class Workflow:
         from ..models.loading import public_name
 
         self.model, self.tokenizer = model, tokenizer
-        self.source = source_name or public_name(getattr(model.config, "_name_or_path", None)) or None
+        loaded_from = getattr(model.config, "_name_or_path", None) or None
+        # A local folder loaded in Python: named as the CLI names it (its Hub id when it is a copy, else its name)
+        self.local = _local_source(loaded_from) if source_name is None else None
+        self.source = source_name or (self.local or {}).get("model") or public_name(loaded_from) or None
         self.run = run or RunOptions()
         self.progress = progress
         self.cache = cache or Cache()
+
+    @property
+    def source_length(self):
+        """The length the source uses (:func:`papa_surgery.workflow.lengths.source_length`): the default L."""
+        from .lengths import source_length
+
+        if not hasattr(self, "_source_length"):
+            self._source_length = source_length(self.model.config, self.tokenizer)
+        return self._source_length
+
+    def slots(self, max_length: int | None) -> int:
+        """L for a run: ``max_length`` when given, else the source's own length."""
+        return self.source_length.length if max_length is None else int(max_length)
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -101,13 +117,14 @@ class Workflow:
         kind: str = "average",
         *,
         corpus=None,
-        max_length: int = 128,
+        max_length: int | None = None,
         pairs: bool = False,
         max_examples: int | None = None,
         heads=None,
         distill: DistillOptions | None = None,
     ):
-        """The constants of ``kind`` for every head (a ``distilled`` kind: trained for ``heads``).
+        """The constants of ``kind`` for every head (a ``distilled`` kind: trained for ``heads``), on ``max_length``
+        slots (default: the source's own length, :attr:`source_length`).
 
         Data-free kinds read no corpus; corpus averages (``average``, ``norm-average``, ``effective-average``)
         are one pass over ``corpus`` (``None``: the default corpus); ``distilled`` starts from the average and
@@ -115,6 +132,7 @@ class Workflow:
         kind returns its starting matrices (the probe of a sweep cell trains them).
         """
         chosen = registry.kind(kind, sweeps=True)
+        max_length = self.slots(max_length)
         if chosen.starts_from and chosen.made == registry.LABELED:
             chosen = registry.kind(chosen.starts_from)
         if chosen.made == registry.DATA_FREE:
@@ -283,9 +301,21 @@ class Workflow:
             source_name=self.source,
         )
         papa.papa_recipe = build_recipe(papa, constants, ranking, command=command)
-        papa.papa_recipe["source"].update(record or {})
+        papa.papa_recipe["source"]["max_length"] = self.source_length.as_dict()  # the card says when L is below it
+        papa.papa_recipe["source"].update(record if record is not None else self.local or {})
         papa.papa_recipe["processes"] = world_size()
         return papa
+
+
+def _local_source(name_or_path: str | None) -> dict | None:
+    """:func:`papa_surgery.models.sources.source_record` of a model loaded from a local folder (else ``None``)."""
+    from pathlib import Path
+
+    if not name_or_path or not Path(name_or_path).is_dir():
+        return None
+    from ..models.sources import source_info, source_record
+
+    return source_record(name_or_path, name_or_path, source_info(name_or_path))
 
 
 def _reads(constants, kind: str) -> bool:
