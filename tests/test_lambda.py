@@ -364,3 +364,60 @@ def test_lambda_model_of_a_task_head_whose_encoder_has_no_pooler(tiny, model_typ
     mixed = lambda_model(src, _constants(), tiny.tokenizer(model_type))
     batch = _inputs(tiny.tokenizer(model_type), pairs=False)
     assert _out(mixed, batch).shape[-1] == src.config.hidden_size
+
+
+# ------------------------------------------------------------------- defaults that move, and an honest order
+def test_defaults_move_the_lambdas_and_help_shows_them_with_the_cost():
+    """The paper's lr (1e-4) with a CPU's budget left every lambda at 0.5 +- 0.01 and nothing said what a run costs."""
+    from click.testing import CliRunner
+
+    from papa_surgery.cli import main
+    from papa_surgery.ranking.lambdas import LambdaOptions
+    from papa_surgery.tasks.registry import get_task
+
+    opts = LambdaOptions().resolved(get_task("sst2"))
+    assert (opts.steps, opts.lambda_lr, opts.seeds, opts.lr, opts.batch_size) == (100, 1e-2, 2, 1e-4, 32)
+    assert LambdaOptions(epochs=1).resolved(get_task("sst2")).steps is None  # epochs given: the epochs decide
+    text = " ".join(CliRunner().invoke(main, ["rank", "--help"]).output.split())
+    assert "--steps" in text and "Default 100: with 2 seeds, 200 forward and backward passes" in text
+    assert "--lambda-lr" in text and "default 1e-2" in text and "--lambda-seeds" in text and "Default 2." in text
+
+
+def test_seed_agreement_is_spearman_between_seeds_and_the_noise_beside_the_spread():
+    from papa_surgery.ranking.lambdas import seed_agreement
+
+    lam = torch.tensor([[0.1, 0.2, 0.3, 0.4], [0.5, 0.6, 0.7, 0.8]])  # (layers, heads)
+    assert seed_agreement([lam, lam + 0.01])["seed_agreement"] == pytest.approx(1.0)
+    assert seed_agreement([lam, -lam])["seed_agreement"] == pytest.approx(-1.0)
+    facts = seed_agreement([lam, lam + 0.02])
+    assert facts["noise"] == pytest.approx((0.02**2 / 2) ** 0.5, abs=1e-6)  # sd of two values 0.02 apart
+    assert facts["spread"] == pytest.approx(float((lam + 0.01).flatten().double().std()), abs=1e-6)
+    assert seed_agreement([lam]) == {"seed_agreement": None, "spread": pytest.approx(facts["spread"]), "noise": None}
+
+
+@pytest.mark.parametrize("threshold", [-1.01, 1.01])
+def test_two_seeds_are_averaged_and_a_disagreement_is_warned(tiny, tmp_path, monkeypatch, threshold):
+    import warnings
+
+    import papa_surgery.ranking.lambdas as lambdas
+
+    src, tok = tiny.model("bert"), tiny.tokenizer("bert")
+    data = _sst2_dir(tmp_path, _labelled(48, seed=2))
+    monkeypatch.setattr(lambdas, "NOISY_AGREEMENT", threshold)  # every order is noise (1.01) or none is (-1.01)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        ranking = train_lambdas(src, tok, _constants(), "sst2", data, steps=3, batch_size=8, seed=4, progress=False)
+    noisy = [w for w in caught if issubclass(w.category, lambdas.LambdaNoiseWarning)]
+    assert len(noisy) == (threshold > 1)
+    if noisy:
+        assert "seeds agree only" in str(noisy[0].message) and "steps=..., now 3 a seed" in str(noisy[0].message)
+    prov = ranking.provenance
+    assert prov["seeds"] == [4, 5] and prov["seed"] == 4 and prov["steps"] == 3 and prov["lambda_lr"] == 1e-2
+    per_seed = torch.tensor(prov["lambdas_per_seed"])  # (seeds, layers * heads)
+    assert per_seed.shape == (2, LAYERS * HEADS) and not torch.equal(per_seed[0], per_seed[1])
+    mean = per_seed.mean(0).view(LAYERS, HEADS)
+    assert ranking.scores == pytest.approx([float(mean[layer, head]) for layer, head in ranking.order], abs=2e-6)
+    assert prov["seed_agreement"] == pytest.approx(lambdas.seed_agreement(list(per_seed))["seed_agreement"], abs=1e-3)
+    one = train_lambdas(src, tok, _constants(), "sst2", data, steps=3, batch_size=8, seed=4, seeds=1, progress=False)
+    assert one.provenance["seeds"] == [4] and one.provenance["seed_agreement"] is None
+    assert torch.allclose(torch.tensor(one.provenance["lambdas_per_seed"][0]), per_seed[0], atol=1e-6)

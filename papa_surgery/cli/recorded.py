@@ -55,14 +55,17 @@ def command_line(ctx) -> str:
     return " ".join(shlex.quote(p) for p in parts)
 
 
+USER_WARNINGS = ("CoverageWarning", "LambdaNoiseWarning")
+
+
 def show_user_warnings(quiet: bool) -> None:
-    """Warnings meant for the user (``papa_surgery.coverage.CoverageWarning``) print as one plain line."""
+    """Warnings meant for the user (``CoverageWarning``, ``LambdaNoiseWarning``) print as one plain line."""
     import warnings
 
     default = getattr(warnings.showwarning, "papa_default", warnings.showwarning)  # installed once per process
 
     def show(message, category, filename, lineno, file=None, line=None):
-        if category.__name__ != "CoverageWarning":  # matched by name: importing it would import torch
+        if category.__name__ not in USER_WARNINGS:  # matched by name: importing them would import torch
             return default(message, category, filename, lineno, file, line)
         if not quiet:
             click.echo(f"warning: {message}", err=True)

@@ -92,17 +92,35 @@ def set_lambda_logits(mixed: nn.Module, value: float | torch.Tensor) -> None:
             param.copy_(value[layer] if isinstance(value, torch.Tensor) else torch.full_like(param, float(value)))
 
 
+# Defaults measured on all-MiniLM-L6-v2 and SST-2 (benchmarks/bench_lambda.py, README "The lambda ranking"): the
+# paper trains the lambdas with the probe's App. B values (SST-2: lr 1e-4, 4 epochs of 67,349 sentences, 8,419
+# steps); cut to a CPU budget, lr 1e-4 leaves every lambda within 0.5 +- 0.01. Adam moves a logit about lr a step
+# whatever the gradient's size, so the order two seeds agree on depends on the steps, not on lr; 1e-2 moves the
+# lambdas measurably (0.35-0.72 after 100 steps) without saturating them, and after 100 steps two seeds' orders
+# agree (Spearman ~0.8) about as well as after 150.
+DEFAULT_STEPS = 100
+DEFAULT_LAMBDA_LR = 1e-2
+DEFAULT_SEEDS = 2
+NOISY_AGREEMENT = 0.5  # below this Spearman correlation between seeds the order is mostly noise
+
+
+class LambdaNoiseWarning(UserWarning):
+    """The learned lambdas' order is within its own noise: the seeds disagree about which heads come first."""
+
+
 @dataclass(frozen=True)
 class LambdaOptions:
-    """How the lambdas are trained (:func:`fit_lambdas`, :func:`train_lambdas`); ``None`` means the task's default.
+    """How the lambdas are trained (:func:`fit_lambdas`, :func:`train_lambdas`); ``None`` means the default.
 
     Attributes:
-        steps: stop after this many optimiser steps (default: ``epochs`` full epochs).
-        epochs: passes over the train split (default: the task's App. B epochs); ignored when ``steps`` is set.
-        lr: the probe's learning rate (default: the task's).
-        lambda_lr: the lambdas' learning rate (default: ``lr``, as the paper trains both together).
+        steps: optimiser steps per seed (default ``DEFAULT_STEPS``, 100; or ``epochs`` full epochs when given).
+        epochs: passes over the train split instead of ``steps``.
+        lr: the probe's learning rate (default: the task's App. B value).
+        lambda_lr: the lambdas' learning rate (default ``DEFAULT_LAMBDA_LR``, 1e-2; the paper's is the probe's).
         batch_size: examples per step (default: the task's).
         seed: seeds the probe's initialisation, dropout and batch order (global RNG state is left untouched).
+        seeds: how many times the lambdas are trained, with seeds ``seed``, ``seed + 1``...: the ranking orders
+            heads by the mean lambda, and two or more measure how much of the order is noise (default 2).
         max_train_examples: keep only the first examples of the train split.
         device: where to train (default: where the model is).
         progress: a tqdm bar over training steps.
@@ -114,6 +132,7 @@ class LambdaOptions:
     lambda_lr: float | None = None
     batch_size: int | None = None
     seed: int = 0
+    seeds: int = DEFAULT_SEEDS
     max_train_examples: int | None = None
     device: str | torch.device | None = None
     progress: bool = True
@@ -124,9 +143,16 @@ class LambdaOptions:
         return replace(options or cls(), **overrides)
 
     def resolved(self, task: Task) -> LambdaOptions:
-        """The task's App. B defaults filled in for ``lr``, ``lambda_lr`` and ``batch_size``."""
-        lr = self.lr or task.lr
-        return replace(self, lr=lr, lambda_lr=self.lambda_lr or lr, batch_size=self.batch_size or task.batch_size)
+        """The defaults filled in: ``lr`` and ``batch_size`` the task's App. B values, ``lambda_lr`` 1e-2, and
+        ``steps`` 100 unless ``epochs`` is given."""
+        steps = self.steps if self.steps is not None or self.epochs is not None else DEFAULT_STEPS
+        return replace(
+            self,
+            steps=steps,
+            lr=self.lr or task.lr,
+            lambda_lr=self.lambda_lr or DEFAULT_LAMBDA_LR,
+            batch_size=self.batch_size or task.batch_size,
+        )
 
 
 @dataclass
@@ -155,6 +181,7 @@ def fit_lambdas(
     data_dir: str | Path | None = None,
     options: LambdaOptions | None = None,
     on_step=None,
+    desc: str | None = None,
     **overrides,
 ) -> LambdaFit:
     """Train ``mixed``'s lambdas (in place) jointly with a fresh probe on the task's train split.
@@ -170,6 +197,7 @@ def fit_lambdas(
         data_dir: a local folder laid out like ``../shared/data``; ``None`` reads the Hub dataset.
         options: a :class:`LambdaOptions`; ``overrides`` replace single fields (``steps=10``).
         on_step: called with the number of steps done after each step (e.g. to record the lambdas' path).
+        desc: the progress bar's label.
     """
     task = get_task(task)
     if task.kind == MLM:
@@ -192,7 +220,7 @@ def fit_lambdas(
     sep_id, pad_id = token_ids(mixed, tokenizer)
     enc = encode_split(tokenizer, split.texts, split.labels, task.kind, task.pairs, length, sep_id)
     per_epoch = math.ceil(len(enc) / opts.batch_size)
-    steps = per_epoch * (task.epochs if opts.epochs is None else opts.epochs) if opts.steps is None else opts.steps
+    steps = per_epoch * opts.epochs if opts.steps is None else opts.steps
 
     mixed.eval()  # frozen backbone: no dropout; only the probe head trains
     for param in mixed.parameters():
@@ -217,7 +245,7 @@ def fit_lambdas(
             done, loss_value = fit(
                 head, features, enc.lengths, enc.labels, task.kind, optimizer,
                 batch_size=opts.batch_size, steps=steps, seed=opts.seed, progress=opts.progress,
-                desc=f"lambda ({task.name})", on_step=on_step,
+                desc=desc or f"lambda ({task.name})", on_step=on_step,
             )  # fmt: skip
     finally:
         for param in params:
@@ -238,28 +266,45 @@ def train_lambdas(
 ) -> Ranking:
     """The ``lambda`` ranking of ``model`` on ``task`` (paper section 3.2); the source is not changed.
 
-    Trains lambdas with a probe (:func:`fit_lambdas`; ``options`` / ``overrides`` as there) and orders every
-    head by ascending lambda (least input-dependent first), ties broken by (layer, head). ``Ranking.scores``
-    holds the lambda of each head in that order; the provenance records task, data, seed, steps and the source.
+    Trains lambdas with a probe (:func:`fit_lambdas`; ``options`` / ``overrides`` as there) once per seed
+    (``seeds``: ``seed``, ``seed + 1``, ...) and orders every head by ascending mean lambda (least
+    input-dependent first), ties broken by (layer, head). ``Ranking.scores`` holds the mean lambda of each head
+    in that order; the provenance records task, data, seeds, steps, the source, each seed's lambdas and how well
+    the seeds agree (``seed_agreement``: Spearman's correlation; ``spread``: the mean lambdas' standard
+    deviation across heads; ``noise``: a head's lambda's standard deviation between seeds, averaged). A
+    :class:`LambdaNoiseWarning` says when the seeds' orders mostly disagree.
     """
     task = get_task(task)
     opts = LambdaOptions.of(options, **overrides).resolved(task)
+    if opts.seeds < 1:
+        raise ValueError(f"{spell('seeds', opts.seeds)}: train the lambdas at least once")
     mixed = lambda_model(model, constants, tokenizer)
-    fit_result = fit_lambdas(mixed, tokenizer, task, data_dir, opts)
-    lambdas = lambda_values(mixed)  # (layers, heads)
+    per_seed, fits = [], []
+    for i in range(opts.seeds):
+        set_lambda_logits(mixed, 0.0)  # every seed starts at lambda = 0.5
+        desc = f"lambda ({task.name})" + (f" seed {i + 1} of {opts.seeds}," if opts.seeds > 1 else "")
+        desc += f" lambda lr {opts.lambda_lr:g}"
+        fits.append(fit_lambdas(mixed, tokenizer, task, data_dir, replace(opts, seed=opts.seed + i), desc=desc))
+        per_seed.append(lambda_values(mixed))  # (layers, heads)
+    lambdas = torch.stack(per_seed).mean(0)  # (layers, heads)
     order, scores = order_by_scores(lambdas.tolist(), ascending=True)
     num_heads, num_layers = num_heads_layers(model.config)
+    fit_result = fits[0]
+    agreement = seed_agreement(per_seed)
     provenance = {
         "task": task.name,
         "data": fit_result.data,
         "examples": fit_result.examples,
         "seed": opts.seed,
+        "seeds": [opts.seed + i for i in range(opts.seeds)],
         "steps": fit_result.steps,
         "epochs": fit_result.epochs,
         "lr": opts.lr,
         "lambda_lr": opts.lambda_lr,
         "batch_size": opts.batch_size,
         "final_loss": fit_result.loss,
+        **agreement,
+        "lambdas_per_seed": [[round(x, 6) for x in lam.flatten().tolist()] for lam in per_seed],
         "source_model": public_name(source_name or getattr(model.config, "_name_or_path", None)),
         "constants": {
             "kind": constants.kind,
@@ -269,4 +314,33 @@ def train_lambdas(
         },
         "papa_surgery_version": __version__,
     }
+    if agreement["seed_agreement"] is not None and agreement["seed_agreement"] < NOISY_AGREEMENT:
+        warnings.warn(
+            f"the lambda order is mostly noise: {opts.seeds} seeds agree only {agreement['seed_agreement']:.2f} "
+            f"(Spearman; 1 is the same order), lambdas spread {agreement['spread']:.4f} across heads against "
+            f"{agreement['noise']:.4f} between seeds. Train longer ({spell('steps')}, now {fit_result.steps} a "
+            f"seed) or on more examples, or rank with {spell('method', 'variance')}",
+            LambdaNoiseWarning,
+            stacklevel=2,
+        )
     return Ranking("lambda", order, num_layers, num_heads, scores, provenance)
+
+
+def seed_agreement(per_seed: list[torch.Tensor]) -> dict:
+    """How much of a lambda order is signal: ``seed_agreement`` (the mean Spearman correlation between seeds'
+    lambdas; ``None`` with one seed), ``spread`` (standard deviation across heads of the mean lambda) and
+    ``noise`` (standard deviation between seeds of a head's lambda, averaged over heads; ``None`` with one seed)."""
+    flat = torch.stack([lam.flatten().double() for lam in per_seed])  # (seeds, heads)
+    spread = float(flat.mean(0).std()) if flat.shape[1] > 1 else 0.0
+    if len(per_seed) < 2:
+        return {"seed_agreement": None, "spread": round(spread, 6), "noise": None}
+    ranks = flat.argsort(1).argsort(1).double()  # (seeds, heads): Spearman is Pearson on ranks
+    ranks = ranks - ranks.mean(1, keepdim=True)
+    ranks = ranks / ranks.norm(dim=1, keepdim=True).clamp_min(1e-12)
+    corr = ranks @ ranks.T
+    pairs = [float(corr[i, j]) for i in range(len(per_seed)) for j in range(i + 1, len(per_seed))]
+    return {
+        "seed_agreement": round(sum(pairs) / len(pairs), 4),
+        "spread": round(spread, 6),
+        "noise": round(float(flat.std(0).mean()), 6),
+    }

@@ -129,8 +129,8 @@ def run_convert(
             data_dir=rank.data_dir,
             constants=constants,
             calibration=calibration,
-            steps=rank.steps,
             max_train_examples=rank.max_train_examples,
+            **rank.lambda_options(),
             batch_size=run.batch_size,
         )
     if kind.made == registry.TRAINED:  # distilled for exactly the heads this checkpoint makes constant
@@ -221,8 +221,8 @@ def run_rank(
         data_dir=rank.data_dir,
         constants=constants,
         calibration=_calibration(cal, corpus),
-        steps=rank.steps,
         max_train_examples=rank.max_train_examples,
+        **rank.lambda_options(),
         batch_size=run.batch_size,
     )
     on_main(write_output, out, overwrite, "ranking", ranking.save)  # under a launcher: rank 0 writes
