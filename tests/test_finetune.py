@@ -21,6 +21,7 @@ from papa_surgery.experiments.results import cell_key, read_rows
 from papa_surgery.experiments.sweep import run_sweep
 from papa_surgery.finetuning import FinetuneOptions, finetune
 from papa_surgery.report import cost_summary, write_report
+from papa_surgery.tasks.registry import get_task
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -121,7 +122,8 @@ def test_probe_and_finetune_rows_share_a_file_and_report_side_by_side(tiny_folde
 
     paths = write_report(out, tmp_path / "report")
     text = paths[0].read_text()
-    assert "# PAPA probing report" in text and "## Fine-tuned and probed" in text
+    assert "# PAPA probing and fine-tuning report" in text and "## Fine-tuned and probed" in text
+    assert "(4 rows: 2 probe, 2 fine-tuning)" in text
     table = text.split("## Fine-tuned and probed")[1].split("##")[0]
     assert f"{expected:.2f}×" in table and f"{free['score']:.3f}" in table
     assert any(p.name == "fig2_finetuned.png" for p in paths)
@@ -174,3 +176,27 @@ def test_minilm_fine_tuned_on_sst2_is_far_above_the_majority_at_fractions_0_and_
     for row in rows:
         assert row["examples"] == 1000 and row["eval_examples"] == 872
         assert row["score"] > SST2_MAJORITY + 0.15, row
+
+
+def test_a_model_that_predicts_one_class_is_warned_and_recorded(tiny, tmp_path, caplog):
+    """A fine-tuned (or probed) model that answers one class for everything scores the majority share, silently."""
+    import logging
+
+    one_label = tmp_path / "one-label"
+    (one_label / "glue" / "sst2").mkdir(parents=True)
+    for name, n in (("train", 24), ("dev", 12)):
+        rows = [f"a fun movie number {i}\t1" for i in range(n - 1)] + ["a dull movie\t0"]
+        (one_label / "glue" / "sst2" / f"{name}.tsv").write_text("sentence\tlabel\n" + "\n".join(rows) + "\n")
+    model, tok = tiny.model("bert"), tiny.tokenizer("bert")
+    with caplog.at_level(logging.WARNING, logger="papa_surgery"):
+        row = finetune(model, tok, "sst2", data_dir=str(one_label), options=FinetuneOptions(epochs=1), progress=False)
+    assert row["predicted_classes"] == 1 and row["score"] in (pytest.approx(11 / 12), pytest.approx(1 / 12))
+    label = "positive" if row["score"] > 0.5 else "negative"  # the one class it answers: its share is the score
+    said = [r.getMessage() for r in caplog.records if "predicts" in r.getMessage()]
+    assert len(said) == 1, said
+    assert f"the fine-tuned model (fraction 0, seed 0) predicts '{label}' for every example" in said[0]
+    assert "of sst2's 12 evaluation examples" in said[0] and f"score {row['score']:.4f}" in said[0]
+    from papa_surgery.tasks.metrics import degenerate_message, predicted_classes
+
+    assert predicted_classes([[0, 1], [1]]) == 2 and predicted_classes([[2, 2], [2]]) == 1
+    assert degenerate_message("m", get_task("sst2"), [0, 1], [0, 1]) is None

@@ -205,3 +205,58 @@ def test_constant_heat_maps_show_the_diagonal_bands(tmp_path):
     # The test can fail: on the old linear scale the bands are nearly as dark as the far cells.
     image.set_norm(Normalize(vmin=0.0, vmax=float(image.get_array().max())))
     assert _contrast(image, matrix) < 0.05
+
+
+def _protocol_row(protocol: str, fraction: float, seed: int, score: float, examples: int, **extra) -> dict:
+    return {
+        "model": "m", "task": "sst2", "corpus": "task", "kind": "average", "method": "variance", "metric": "accuracy",
+        "fraction": fraction, "seed": seed, "score": score, "examples": examples, "eval_examples": 872,
+        "protocol": protocol, **extra,
+    }  # fmt: skip
+
+
+def test_the_report_says_what_it_holds_and_what_its_numbers_are_worth(tmp_path):
+    """A tiny fine-tuning sweep beside a probe sweep: one-class models, other sizes, timings within their noise."""
+    rows = [_protocol_row("probe", f, s, 0.80 - 0.1 * f + 0.01 * s, 2000) for f in (0.0, 1.0) for s in range(2)]
+    speeds = {(0.0, 0): 100.0, (0.0, 1): 140.0, (1.0, 0): 110.0, (1.0, 1): 150.0}  # 1.09x, spread far wider
+    rows += [
+        _protocol_row("finetune", f, s, 0.509, 300, predicted_classes=1, train_examples_per_second=speeds[f, s],
+             inference_examples_per_second=400.0 + 100 * f + s, checkpoint_bytes=1000 - 100 * f, peak_memory_mb=50.0)
+        for f in (0.0, 1.0) for s in range(2)
+    ]  # fmt: skip
+    path = tmp_path / "results.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    text = write_report(path, tmp_path / "report")[0].read_text()
+    assert text.startswith("# PAPA probing and fine-tuning report")
+    assert "(8 rows: 4 probe, 4 fine-tuning)" in text
+    table = text.split("## Fine-tuned and probed")[1].split("\n## ")[0]
+    assert "0.509 ± 0.000 (one class) †" in table
+    assert "† sst2: the probe trained / evaluated on 2000 / 872 examples, fine-tuning on 300 / 872" in table
+    ratio = statistics.fmean([110.0, 150.0]) / statistics.fmean([100.0, 140.0])
+    assert f"{ratio:.2f}× ± " in table and "(noise)" in table  # the spread covers 1x: not a measured speed-up
+    everything = text.split("## All fine-tuning results")[1]
+    assert "train / eval examples" in everything and "300 / 872" in everything and "(one class)" in everything
+    assert (
+        "# PAPA fine-tuning report"
+        in write_report([_write(tmp_path / "t.jsonl", rows[4:])], tmp_path / "t")[0].read_text()
+    )
+
+
+def _write(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_a_sweep_says_how_many_rows_it_added_and_its_file_holds(tiny_folder, tmp_path):
+    from test_sweep import write_sst2
+
+    from papa_surgery.cli import main
+
+    data = write_sst2(tmp_path / "data")
+    out = _write(tmp_path / "r.jsonl", [_protocol_row("finetune", 0.0, s, 0.5, 300) for s in range(3)])
+    args = ["-q", "probe", str(tiny_folder("bert")), "--task", "sst2", "--data-dir", str(data), "--fractions", "0,1"]
+    from click.testing import CliRunner
+
+    result = CliRunner().invoke(main, [*args, "--seeds", "1", "--max-length", "32", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert f"2 rows of this sweep (2 new) in {out}, which holds 5 rows" in result.output

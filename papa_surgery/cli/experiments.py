@@ -39,6 +39,21 @@ def _sweep_config(model_or_dir: str, sweep: SweepOptions):
     )
 
 
+def _rows_in(path) -> int:
+    """How many result rows the file holds (0 when it does not exist yet)."""
+    from pathlib import Path
+
+    from ..experiments.results import is_row, read_rows
+
+    return sum(1 for r in read_rows(path) if is_row(r)) if Path(path).is_file() else 0
+
+
+def _summary(rows: list, before: int, path) -> str:
+    """What a sweep did to its file: "3 rows of this sweep (3 new) in r.jsonl, which holds 6 rows"."""
+    total = _rows_in(path)
+    return f"{len(rows)} rows of this sweep ({total - before} new) in {path}, which holds {total} rows"
+
+
 @click.command()
 @click.argument("model_or_dir")
 @click_options(SweepOptions)
@@ -50,8 +65,9 @@ def probe(ctx, model_or_dir, **kwargs):
     from ..experiments.sweep import run_sweep
 
     sweep = from_kwargs(SweepOptions, kwargs)
+    before = _rows_in(sweep.out)
     rows = run_sweep(_sweep_config(model_or_dir, sweep), sweep.out, progress=progress_of(ctx))
-    click.echo(f"{len(rows)} result rows in {sweep.out}")
+    click.echo(_summary(rows, before, sweep.out))
 
 
 @click.command()
@@ -74,10 +90,11 @@ def finetune(ctx, model_or_dir, **kwargs):
 
     sweep = from_kwargs(SweepOptions, kwargs)
     config = _sweep_config(model_or_dir, sweep)
+    before = _rows_in(sweep.out)
     rows = run_sweep(
         config, sweep.out, progress=progress_of(ctx), job=FinetuneJob(config, from_kwargs(FinetuneOptions, kwargs))
     )
-    click.echo(f"{len(rows)} result rows in {sweep.out}")
+    click.echo(_summary(rows, before, sweep.out))
 
 
 @click.command()

@@ -22,7 +22,7 @@ from ..options import ArgumentError, FinetuneOptions, spell
 from ..probing.features import token_ids
 from ..probing.run import slot_count
 from ..tasks.data import load_split
-from ..tasks.metrics import score
+from ..tasks.metrics import degenerate_message, predicted_classes, score
 from ..tasks.registry import MLM, TOKEN, Task, get_task
 from .cost import PeakMemory, folder_bytes, parameter_counts
 from .data import collator, task_dataset
@@ -70,6 +70,13 @@ def _predictions(output, task: Task) -> tuple[list, list]:
         golds.append(labels[keep].tolist())
         preds.append(guesses[keep].tolist())
     return golds, preds
+
+
+def _num_heads(model) -> int:
+    from ..models.families import num_heads_layers
+
+    heads, layers = num_heads_layers(model.config)
+    return heads * layers
 
 
 def finetune(
@@ -201,6 +208,10 @@ def finetune(
             trained = trainer.train()
             output = trainer.predict(eval_ds)
     golds, preds = _predictions(output, task)
+    fraction = len(papa_heads or []) / max(_num_heads(model), 1)
+    warning = degenerate_message(f"the fine-tuned model (fraction {fraction:g}, seed {seed})", task, golds, preds)
+    if warning:
+        logger.warning("%s", warning)
     return {
         "task": task.name,
         "metric": task.metric,
@@ -222,6 +233,7 @@ def finetune(
         "trainable_parameters": trainable,
         "total_parameters": total,
         "checkpoint_bytes": saved.bytes,
+        "predicted_classes": predicted_classes(preds),
         "device": device.type,
         "data": f"train={train_split.source} eval={eval_split.source}",
     }

@@ -15,18 +15,21 @@ no speed-up). Progress bars show on rank 0 only.
 
 from __future__ import annotations
 
+import logging
 import time
 
 import torch
 from torch import nn
 
 from ..tasks.data import load_split
-from ..tasks.metrics import neg_log_perplexity, perplexity, score
+from ..tasks.metrics import degenerate_message, neg_log_perplexity, perplexity, predicted_classes, score
 from ..tasks.registry import MLM, Task, get_task
 from .features import FeatureStore, backbone_of, dist_info, encode_split, token_ids
 from .heads import build_head
 from .mlm import masked_nll, require_mlm_head
 from .train import predict, train_head
+
+logger = logging.getLogger("papa_surgery")
 
 DEFAULT_CACHE_GB = 4.0
 
@@ -184,8 +187,12 @@ def probe(
         golds, preds = predict(head, eval_store, eval_store.enc.labels, task.kind)
     finally:
         model.train(was_training)
+    warning = degenerate_message(f"the probe (seed {seed})", task, golds, preds)
+    if warning:
+        logger.warning("%s", warning)
     result.update(
         score=score(task.metric, golds, preds, task.label_names),
+        predicted_classes=predicted_classes(preds),
         examples=len(train_split),
         eval_examples=len(eval_split),
         steps=steps,

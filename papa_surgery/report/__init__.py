@@ -80,9 +80,9 @@ def write_report(results_path, out_dir, constants=None) -> list[Path]:
     fractions = {e["fraction"] for e in summary}
     end = 1.0 if 1.0 in fractions else max(fractions)
     lines = [
-        "# PAPA probing report" if probed else "# PAPA fine-tuning report",
+        "# PAPA " + " and ".join(n for n, rs in (("probing", probed), ("fine-tuning", tuned)) if rs) + " report",
         "",
-        f"Results: {names} ({len(all_rows)} rows). Scores are means over seeds ± the 95% "
+        f"Results: {names} ({_counts(probed, tuned)}). Scores are means over seeds ± the 95% "
         "confidence interval (t-distribution). *fraction* is the share of heads made constant; figures show "
         "the share kept input-dependent (1 − fraction), like the paper.",
         "",
@@ -111,8 +111,12 @@ def write_report(results_path, out_dir, constants=None) -> list[Path]:
         lines += [
             "## Fine-tuned and probed, with cost relative to the source (fraction 0)",
             "",
-            "Speed-ups are examples per second relative to fraction 0 (> 1 is faster); size is the checkpoint's "
-            "weights and peak memory the run's peak, both relative to fraction 0 (< 1 is smaller).",
+            "Speed-ups are examples per second relative to fraction 0 (> 1 is faster), ± their spread over seeds "
+            "(from each side's seed-to-seed standard deviation): wall-clock times on the machine that ran the sweep, "
+            "which other work may have slowed, so a speed-up marked (noise), within its spread of 1×, was not "
+            "measured, and one marked (1 run) has no spread. Size is the checkpoint's weights and peak memory the "
+            "run's peak, both relative to fraction 0 (< 1 is smaller). Scores marked (one class) come from a model "
+            "that predicted a single class for every example.",
             "",
             table_finetuned(all_rows),
             "",
@@ -125,3 +129,10 @@ def write_report(results_path, out_dir, constants=None) -> list[Path]:
     report = out_dir / "report.md"
     report.write_text("\n".join(lines), encoding="utf-8")
     return [report, *[path for _, path in figures]]
+
+
+def _counts(probed: list, tuned: list) -> str:
+    """The rows a report reads, by protocol: "6 rows: 3 probe, 3 fine-tuning"."""
+    parts = [f"{len(rs)} {name}" for name, rs in (("probe", probed), ("fine-tuning", tuned)) if rs]
+    total = len(probed) + len(tuned)
+    return f"{total} rows" + (f": {', '.join(parts)}" if len(parts) > 1 else "")

@@ -11,7 +11,7 @@ import statistics
 
 from ..experiments.results import protocol
 from .stats import GROUP_FIELDS, group_key, main_curves, pick, summarize
-from .tables import cell, fraction_label, markdown_table, short_model
+from .tables import cell, fraction_label, markdown_table, one_class_mark, short_model, sizes_label
 
 COST_FIELDS = (
     "train_examples_per_second",
@@ -43,6 +43,7 @@ def cost_summary(rows) -> list[dict]:
         for name in COST_FIELDS:
             values = [float(r[name]) for r in members if r.get(name) is not None]
             entry[name] = statistics.fmean(values) if values else None
+            entry[f"{name}_sd"] = statistics.stdev(values) if len(values) > 1 else None
         means[key] = entry
     ratios = {
         "train_speedup": "train_examples_per_second",
@@ -56,12 +57,32 @@ def cost_summary(rows) -> list[dict]:
         for ratio, name in ratios.items():
             ok = base is not None and entry[name] is not None and base[name]
             entry[ratio] = entry[name] / base[name] if ok else None
+            entry[f"{ratio}_spread"] = _ratio_spread(entry, base, name) if ok else None
         out.append(entry)
     return out
 
 
+def _ratio_spread(entry: dict, base: dict, name: str) -> float | None:
+    """The standard deviation of ``entry[name] / base[name]`` from each side's seed-to-seed spread (first order);
+    ``None`` when a side ran once (no spread was measured)."""
+    sd_a, sd_b = entry.get(f"{name}_sd"), base.get(f"{name}_sd")
+    if sd_a is None or sd_b is None:
+        return None
+    ratio = entry[name] / base[name]
+    return ratio * ((sd_a / entry[name]) ** 2 + (sd_b / base[name]) ** 2) ** 0.5
+
+
 def _ratio(value: float | None, suffix: str = "×") -> str:
     return "–" if value is None else f"{value:.2f}{suffix}"
+
+
+def _speedup(value: float | None, spread: float | None) -> str:
+    """A speed-up with its spread over seeds; "(1 run)" without one; "(noise)" when the spread covers 1×."""
+    if value is None:
+        return "–"
+    if spread is None:
+        return f"{value:.2f}× (1 run)"
+    return f"{value:.2f}× ± {spread:.2f}" + (" (noise)" if spread >= abs(value - 1.0) else "")
 
 
 def table_finetuned(rows) -> str:
@@ -84,23 +105,33 @@ def table_finetuned(rows) -> str:
         "peak memory",
         "trainable parameters",
     ]
-    body = []
+    body, notes = [], []
     for e in sorted(tuned_curve, key=lambda e: (e["model"], e["task"], -e["kept_fraction"])):
         probe = pick(probe_summary, model=e["model"], task=e["task"], fraction=e["fraction"], kind=e["kind"])
         c = costs.get(group_key(e), {})
         params = c.get("trainable_parameters")
+        mark = ""
+        if probe is not None and probe.get("sizes") != e.get("sizes"):
+            mark = " †"
+            note = (
+                f"† {e['task']}: the probe trained / evaluated on {sizes_label(probe)} examples, fine-tuning on "
+                f"{sizes_label(e)}: the two scores are not measured alike."
+            )
+            if note not in notes:
+                notes.append(note)
         body.append(
             [
                 short_model(e["model"]),
                 e["task"],
                 fraction_label(e["kept_fraction"]),
-                cell(probe),
-                cell(e),
-                _ratio(c.get("train_speedup")),
-                _ratio(c.get("inference_speedup")),
+                cell(probe) + ("" if probe is None else one_class_mark(probe)),
+                cell(e) + one_class_mark(e) + mark,
+                _speedup(c.get("train_speedup"), c.get("train_speedup_spread")),
+                _speedup(c.get("inference_speedup"), c.get("inference_speedup_spread")),
                 _ratio(c.get("size_ratio")),
                 _ratio(c.get("memory_ratio")),
                 "–" if params is None else f"{params / 1e6:.2f} M",
             ]
         )
-    return markdown_table(header, body, text_columns=3)
+    table = markdown_table(header, body, text_columns=3)
+    return table + ("\n\n" + "\n".join(notes) if notes else "")

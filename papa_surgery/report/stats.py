@@ -55,16 +55,23 @@ def summarize(rows) -> list[dict]:
 
     A seed that appears twice in a group counts once (the last row wins). Returns one dict per group, in
     the order groups first appear: the group fields, ``kept_fraction``, ``metric``, ``n``, ``seeds``,
-    ``scores``, ``mean``, ``std`` (sample), ``ci95`` (half-width; ``None`` for a single seed), ``low``, ``high``.
+    ``scores``, ``mean``, ``std`` (sample), ``ci95`` (half-width; ``None`` for a single seed), ``low``, ``high``,
+    ``sizes`` (the (training, evaluation) example counts of its rows) and ``one_class_seeds`` (seeds whose model
+    predicted one class for every example: a degenerate model).
     """
     groups: dict[tuple, dict] = {}
     metric: dict[tuple, str] = {}
+    sizes: dict[tuple, set] = {}
+    one_class: dict[tuple, set] = {}
     for row in rows:
         if row.get("score") is None:
             continue
         key = group_key(row)
         groups.setdefault(key, {})[int(row.get("seed", 0))] = float(row["score"])
         metric[key] = row.get("metric")
+        sizes.setdefault(key, set()).add((row.get("examples"), row.get("eval_examples")))
+        if row.get("predicted_classes") == 1:
+            one_class.setdefault(key, set()).add(int(row.get("seed", 0)))
     out = []
     for key, by_seed in groups.items():
         seeds = sorted(by_seed)
@@ -85,6 +92,8 @@ def summarize(rows) -> list[dict]:
             ci95=ci,
             low=None if ci is None else mean - ci,
             high=None if ci is None else mean + ci,
+            sizes=sorted(sizes[key], key=str),  # (training, evaluation) examples of its rows
+            one_class_seeds=sorted(one_class.get(key, ())),  # seeds whose model predicted a single class
         )
         out.append(entry)
     return out

@@ -103,12 +103,27 @@ def table_corpora(rows, fraction: float = 1.0, kind: str = "average") -> str:
     return _per_model(rows, build)
 
 
+def sizes_label(entry: dict) -> str:
+    """The (training / evaluation) example counts of a summary entry's rows ("mixed" when its rows differ)."""
+    sizes = entry.get("sizes") or []
+    text = ", ".join(f"{a if a is not None else '?'} / {b if b is not None else '?'}" for a, b in sizes)
+    return text + (" (mixed)" if len(sizes) > 1 else "")
+
+
+def one_class_mark(entry: dict) -> str:
+    """`` (one class)`` when a seed's model predicted a single class for every example, else ``""``."""
+    seeds = entry.get("one_class_seeds") or []
+    if not seeds:
+        return ""
+    return " (one class" + ("" if len(seeds) == entry["n"] else f": seed {', '.join(map(str, seeds))}") + ")"
+
+
 def table_all(rows) -> str:
-    """Every group: model, task, corpus, kind, method, kept fraction, mean ± CI, seeds."""
+    """Every group: model, task, corpus, kind, method, kept fraction, mean ± CI, seeds, training/eval sizes."""
     body = [
         [e["model"], e["task"], e["metric"] or "", corpus_label(e["corpus"]), e["kind"], e["method"]]
-        + [fraction_label(e["kept_fraction"]), cell(e, 4), str(e["n"])]
+        + [fraction_label(e["kept_fraction"]), cell(e, 4) + one_class_mark(e), str(e["n"]), sizes_label(e)]
         for e in summarize(rows)
     ]
     header = ["model", "task", "metric", "corpus", "kind", "method", "kept input-dependent", "score", "seeds"]
-    return markdown_table(header, body, text_columns=6)
+    return markdown_table([*header, "train / eval examples"], body, text_columns=6)

@@ -81,6 +81,31 @@ def score(metric: str, labels, preds, label_names: Sequence[str] = ()) -> float:
     raise ValueError(f"unknown metric {metric!r}")
 
 
+def predicted_classes(preds) -> int:
+    """How many distinct labels the predictions use (per example, or per token of per-sentence lists)."""
+    flat = [p for sentence in preds for p in sentence] if preds and isinstance(preds[0], (list, tuple)) else preds
+    return len(set(flat))
+
+
+def degenerate_message(what: str, task, golds, preds) -> str | None:
+    """A warning when a trained model predicts one class for every example (``None`` when it does not).
+
+    Such a model scores the majority class's share (a tagger: one tag everywhere) whatever its input: it learned
+    nothing from the text, and its score says nothing about the encoder.
+    """
+    if predicted_classes(preds) != 1 or not preds:
+        return None
+    flat = [p for sentence in preds for p in sentence] if isinstance(preds[0], (list, tuple)) else preds
+    names = list(getattr(task, "label_names", ()) or ())
+    label = flat[0] if not names else names[flat[0]]
+    units = "token" if isinstance(preds[0], (list, tuple)) else "example"
+    return (
+        f"{what} predicts {label!r} for every {units} of {task.name}'s {len(preds)} evaluation examples: it learned "
+        f"nothing from the text and scores like that one class (score {score(task.metric, golds, preds, names):.4f}); "
+        "train on more examples, for more epochs or with another learning rate"
+    )
+
+
 def _same_length(a: Sequence, b: Sequence) -> None:
     if len(a) != len(b):
         raise ValueError(f"{len(a)} labels but {len(b)} predictions")
