@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from .. import report
+from .healed import healing_table
 from .inspection import describe, format_coverage
 
 TEMPLATE = Path(__file__).resolve().parents[1] / "cards" / "papa_model_card.md"
@@ -157,6 +158,7 @@ def render_card(
         grid_table=grid_table(d),
         image=image,
         results_table=results_table(load_results(results)),
+        healing_table=healing_table(d.get("healing")),
         auto_class=d["auto_class"],
         repo_id=repo_id or REPO_PLACEHOLDER,
         revision=revision or REVISION_PLACEHOLDER,

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from ..hub_code import HUB_CODE_FILES
 from ..hub_code.families import family_for
+from .healed import healing_line
 
 REQUIRED_FILES = (
     "config.json",
@@ -230,6 +231,7 @@ def describe(folder) -> dict:
         "datasets": hub_datasets(corpus),
         "coverage": recipe.get("coverage"),
         "command": recipe.get("command"),
+        "healing": recipe.get("healing"),
         "created": recipe.get("created"),
         "format_version": config.get("papa_format_version"),
         "papa_surgery_version": config.get("papa_surgery_version") or recipe.get("papa_surgery_version"),
@@ -359,6 +361,8 @@ def format_description(d: dict) -> str:
         )
     if d["coverage"]:
         lines.append(f"  coverage        {format_coverage(d['coverage'])}")
+    if d.get("healing"):
+        lines.append(f"  healed          {healing_line(d['healing'])}")
     lines.append(f"  format          v{d['format_version']}, papa-surgery {d['papa_surgery_version']}")
     if d["library_versions"]:
         lines.append("  libraries       " + ", ".join(f"{k} {v}" for k, v in sorted(d["library_versions"].items())))

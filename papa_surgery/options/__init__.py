@@ -28,6 +28,7 @@ from .checks import (
     click_options,
     from_kwargs,
     opt,
+    optional_group,
     split_kwargs,
 )
 from .groups import (
@@ -38,6 +39,7 @@ from .groups import (
     DistillOptions,
     FileOutputOptions,
     FinetuneOptions,
+    HealOptions,
     PushOptions,
     RankOptions,
     RunOptions,
@@ -60,6 +62,7 @@ __all__ = [
     "DistillOptions",
     "FileOutputOptions",
     "FinetuneOptions",
+    "HealOptions",
     "FractionListType",
     "FractionType",
     "PushOptions",
@@ -71,6 +74,7 @@ __all__ = [
     "flag",
     "from_kwargs",
     "opt",
+    "optional_group",
     "spell",
     "split_kwargs",
 ]
