@@ -32,7 +32,7 @@ _LAZY = {
     "probe": "api",
     "finetune": "api",
     "analyze": "api",
-    "heal": "healing",
+    "heal": "healing.api",
     "distill": "healing",
     "Constants": "calibration",
     "Ranking": "ranking",

@@ -4,11 +4,11 @@ Read in the order a run uses them: ``sentence`` (a sentence-transformers source'
 ``objective`` (what is matched: hidden states of every layer, the sentence embedding), ``trainable`` (what trains:
 LoRA, every layer weight, or the constants; folded back into a plain PAPA model), ``loop`` (steps, schedule,
 processes), ``state`` (the resume file), ``agreement`` (held-out measures), ``run`` (one healing run,
-``heal_model``), ``distillation`` (the ``distilled`` kind: the constants only), ``api`` (``papa_surgery.heal``).
+``heal_model``), ``distillation`` (the ``distilled`` kind: the constants only), ``api`` (``papa_surgery.heal``,
+which runs the workflow and so is imported from ``papa_surgery`` lazily, not here).
 """
 
-from .api import heal
 from .distillation import distill
 from .run import heal_model
 
-__all__ = ["distill", "heal", "heal_model"]
+__all__ = ["distill", "heal_model"]
