@@ -132,6 +132,21 @@ _TRAIN_MODES = (
     TrainMode("constants", "the constant matrices only (the distilled kind); every other weight unchanged"),
 )
 TRAIN_MODES: dict[str, TrainMode] = {m.name: m for m in _TRAIN_MODES}
+# A sweep with healing scores each kind's converted model twice: as converted (``average``) and healed
+# (``average+healed``); results rows and reports carry that label as the row's kind.
+HEALED = "+healed"
+
+
+def healed_label(kind_name: str) -> str:
+    """The results label of ``kind_name``'s healed twin in a sweep (``average`` -> ``average+healed``)."""
+    return kind_name + HEALED
+
+
+def split_healed(label: str) -> tuple[str, bool]:
+    """``(kind, healed)`` of a results label (``average+healed`` -> ``("average", True)``)."""
+    return (label[: -len(HEALED)], True) if label.endswith(HEALED) else (label, False)
+
+
 DEFAULT_TRAIN = "lora"
 # What healing matches (papa_surgery.healing.objective): hidden states of every layer or the last, and/or the
 # sentence-transformers embedding; ``auto`` = layers+embedding for a sentence-transformers source, else layers.

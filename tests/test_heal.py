@@ -263,3 +263,32 @@ def test_heal_options_defaults_come_from_the_registry():
     assert HealOptions(steps=10).evaluation_interval() == 2
     with pytest.raises(ValueError, match="train"):
         HealOptions(train="everything")
+
+
+def test_a_probe_sweep_scores_each_kind_converted_and_healed_and_the_report_shows_both(tiny, tmp_path):
+    from test_sweep import write_sst2
+
+    from papa_surgery.experiments import SweepConfig, run_sweep
+    from papa_surgery.report import table_kinds
+
+    src = tiny.save("bert", tmp_path / "src")
+    data = write_sst2(tmp_path / "data", train=40, dev=16)
+    heal_options = {"steps": 3, "heldout": 8, "train": "lora"}
+    cfg = SweepConfig(model=str(src), tasks=("sst2",), fractions=(0.0, 1.0), seeds=1, data_dir=str(data), epochs=1,
+                      max_length=L, calibration_batch_size=8, heal_options=heal_options)  # fmt: skip
+    rows = run_sweep(cfg, tmp_path / "rows.jsonl", progress=False)
+    by = {(r["kind"], r["fraction"]): r for r in rows}
+    assert sorted(by) == [("average", 0.0), ("average", 1.0), ("average+healed", 0.0), ("average+healed", 1.0)]
+    assert by[("average+healed", 0.0)]["reused_from"]["kind"] == "average"  # fraction 0: nothing to heal
+    healing = by[("average+healed", 1.0)]["healing"]
+    assert healing["steps"] == 3 and healing["train"] == "lora"
+    assert healing["heldout_sentence_cosine_after"] is not None and "healing" not in by[("average", 1.0)]
+    assert by[("average+healed", 1.0)]["options"]["heal_options"]["steps"] == 3
+    table = table_kinds(rows, fraction=1.0)
+    assert table.index("| average |") < table.index("| average+healed |")
+    # Resuming with other healing options is refused, naming the option.
+    other = SweepConfig(**{**cfg.__dict__, "heal_options": {**heal_options, "steps": 4}})
+    with pytest.raises(ValueError, match="heal_options"):
+        run_sweep(other, tmp_path / "rows.jsonl", progress=False)
+    with pytest.raises(ValueError, match="labeled-average"):
+        SweepConfig(model=str(src), kinds=("labeled-average",), heal_options=heal_options).validate()

@@ -11,6 +11,7 @@ import click
 from .. import registry
 from ..distributed import is_main_process, scale_out
 from ..options import (
+    HEAL_WITH_SOURCE,
     AnalyzeOptions,
     CalibrationOptions,
     ConvertOptions,
@@ -26,8 +27,6 @@ from ..options import (
 )
 from .context import given, progress_of, verbosity
 from .recorded import command_line
-
-HEAL_WITH_CONVERT = tuple(n for n in HealOptions.__dataclass_fields__ if n != "teacher")  # the source teaches
 
 
 def _refuse_calibration_with_constants(ctx, constants_file: str | None) -> None:
@@ -119,7 +118,7 @@ def rank(ctx, model, constants, **kwargs):
 @click_options(CalibrationOptions)
 @click_options(DistillOptions)
 @click_options(RankOptions)
-@click_options(HealOptions, prefix="heal", only=HEAL_WITH_CONVERT, switch="steps")
+@click_options(HealOptions, prefix="heal", only=HEAL_WITH_SOURCE, switch="steps")
 @click_options(RunOptions)
 @click.option("--push", "do_push", is_flag=True, help="Publish the checkpoint to the Hub after writing it.")
 @click_options(PushOptions)

@@ -33,6 +33,7 @@ from .checks import (
 )
 from .groups import (
     DEFAULT_CORPUS_HELP,
+    HEAL_WITH_SOURCE,
     AnalyzeOptions,
     CalibrationOptions,
     ConvertOptions,
@@ -48,6 +49,7 @@ from .groups import (
 
 __all__ = [
     "DEFAULT_CORPUS_HELP",
+    "HEAL_WITH_SOURCE",
     "FRACTION",
     "POSITIVE_FLOAT",
     "POSITIVE_INT",

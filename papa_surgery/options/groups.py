@@ -63,8 +63,7 @@ class HealOptions(Checked):
     what they convert); ``lr=None`` is the training mode's default (``registry.TRAIN_MODES``).
     """
 
-    steps: int = opt("Optimisation steps (the step budget): one batch of --batch-size examples each.", 400,
-                     type=POSITIVE_INT)  # fmt: skip
+    steps: int = opt("Optimisation steps (the step budget), one batch of examples each.", 400, type=POSITIVE_INT)
     train: str = opt(
         "What trains: " + "; ".join(f"{m.name}: {m.summary}" for m in registry.TRAIN_MODES.values()) + ".",
         registry.DEFAULT_TRAIN,
@@ -106,6 +105,14 @@ class HealOptions(Checked):
 
     def evaluation_interval(self) -> int:
         return self.eval_every if self.eval_every is not None else max(1, self.steps // 5)
+
+    def kwargs(self) -> dict:
+        """The options a run converting its own model records (no teacher: the source teaches)."""
+        return {k: v for k, v in dataclasses.asdict(self).items() if k != "teacher"}
+
+
+# ``convert``, ``probe`` and ``finetune`` heal what they convert, so their source is the teacher: no --heal-teacher.
+HEAL_WITH_SOURCE = tuple(f.name for f in dataclasses.fields(HealOptions) if f.name != "teacher")
 
 
 @dataclass(frozen=True)
