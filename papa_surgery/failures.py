@@ -46,7 +46,10 @@ def flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
-def spell(name: str, value: Any = None) -> str:
+_NO_VALUE = object()
+
+
+def spell(name: str, value: Any = _NO_VALUE) -> str:
     """How the user passes argument ``name`` (with ``value``) in the front end in use.
 
     ``spell("overwrite", True)`` is ``overwrite=True`` in Python and ``--overwrite`` on the command line;
@@ -56,8 +59,8 @@ def spell(name: str, value: Any = None) -> str:
     if _CLI.get():
         if value is True:
             return flag(name)
-        return flag(name) if value is None else f"{flag(name)} {value}"
-    return f"{name}=..." if value is None else f"{name}={value!r}"
+        return flag(name) if value is _NO_VALUE else f"{flag(name)} {value}"
+    return f"{name}=..." if value is _NO_VALUE else f"{name}={value!r}"
 
 
 @contextlib.contextmanager

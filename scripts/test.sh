@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The README's test command: install into .venv (CPU torch wheel, no CUDA downloads) and run the tests.
+# The README's test command: install into .venv (CPU torch wheel, no CUDA downloads) and run the fast tier.
+# scripts/test-all.sh runs every tier (what CI runs). Extra arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python3 -m venv .venv
@@ -13,4 +14,5 @@ python3 -m venv .venv-floor
 export PAPA_FLOOR_PYTHON="$PWD/.venv-floor/bin/python"
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1
 .venv/bin/ruff check papa_surgery tests benchmarks examples
+.venv/bin/ruff format --check papa_surgery tests benchmarks examples
 .venv/bin/pytest -q -p no:cacheprovider "$@"

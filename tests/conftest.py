@@ -410,3 +410,84 @@ def minilm(minilm_path):
 
     model = AutoModel.from_pretrained(minilm_path, attn_implementation="eager").eval()
     return model, AutoTokenizer.from_pretrained(minilm_path)
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests on the real MiniLM weights belong to the slow tier (``-m real`` still selects them alone)."""
+    for item in items:
+        if item.get_closest_marker("real") is not None:
+            item.add_marker(pytest.mark.slow)
+
+
+# --- shared by the command-line tests -------------------------------------------------------------------------
+
+
+def cli(*args):
+    """``papa-surgery -q ARGS`` in this process (click's CliRunner); the result has ``exit_code`` and ``output``."""
+    from click.testing import CliRunner
+
+    from papa_surgery.cli import main
+
+    return CliRunner().invoke(main, ["-q", *map(str, args)])
+
+
+class CallCounter:
+    """Wraps a function and counts its calls."""
+
+    def __init__(self, real):
+        self.real, self.calls = real, 0
+
+    def __call__(self, *args, **kwargs):
+        self.calls += 1
+        return self.real(*args, **kwargs)
+
+
+@pytest.fixture
+def source(tiny_folder):
+    """The folder of a tiny BERT source model."""
+    return str(tiny_folder("bert"))
+
+
+@pytest.fixture
+def corpus(tmp_path):
+    """A 12-line text corpus file."""
+    path = tmp_path / "corpus.txt"
+    path.write_text("\n".join(["the cat sat on the mat", "a dog ran off", "it was a good movie", "the end"] * 3))
+    return path
+
+
+@pytest.fixture
+def calibrations(monkeypatch):
+    """Counts calibrations (the first expensive step), to prove a failure came before any."""
+    import importlib
+
+    calibrate_mod = importlib.import_module("papa_surgery.calibration.average")
+    counter = CallCounter(calibrate_mod.calibrate)
+    monkeypatch.setattr(calibrate_mod, "calibrate", counter)
+    return counter
+
+
+@pytest.fixture(scope="module")
+def papa_model(tmp_path_factory):
+    """(model, tokenizer) of a tiny PAPA checkpoint."""
+    from fake_hub import build_tiny_checkpoint
+
+    _, model, tokenizer = build_tiny_checkpoint(tmp_path_factory.mktemp("ckpt") / "tiny-papa")
+    return model, tokenizer
+
+
+@pytest.fixture
+def fake_hub(tmp_path, monkeypatch):
+    """A local fake Hub (tests/fake_hub.py) with a user token, online mode on."""
+    from fake_hub import FakeHub
+    from huggingface_hub import constants
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf_home"))
+    monkeypatch.setattr(constants, "HF_TOKEN_PATH", str(tmp_path / "hf_home" / "token"))
+    monkeypatch.setenv("HF_TOKEN", "hf_user_token")
+    with FakeHub() as server:
+        monkeypatch.setenv("HF_ENDPOINT", server.endpoint)
+        monkeypatch.setattr(constants, "ENDPOINT", server.endpoint)
+        yield server

@@ -203,6 +203,7 @@ def test_two_process_calibration_equals_one_process(minilm, tmp_path):
         assert torch.equal(dist.variance, single.variance)
 
 
+@pytest.mark.slow  # slow tier: two processes
 @pytest.mark.parametrize("model_type", ["modernbert", "eurobert"])
 def test_two_process_calibration_of_a_modern_encoder_equals_one_process(tiny_folder, model_type, tmp_path):
     """Sliding windows (ModernBERT) and grouped-query attention (EuroBERT) calibrate the same split in two."""

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import cli
 from fake_hub import TINY_SOURCE, build_tiny_checkpoint
 from huggingface_hub import ModelCard
 
@@ -153,3 +154,28 @@ def test_not_a_papa_checkpoint_is_a_clear_error(tmp_path):
     with pytest.raises(ValueError, match="not a PAPA checkpoint"):
         write_card(tmp_path)
     assert not (tmp_path / "README.md").exists()
+
+
+@pytest.mark.parametrize("hub_id", [None, "org/tiny-bert"])
+def test_recipe_and_card_do_not_record_local_paths(tiny_folder, tmp_path, hub_id):
+    import shutil
+
+    src = tmp_path / "home" / "someone" / "models" / "tiny"
+    shutil.copytree(tiny_folder("bert"), src)
+    if hub_id:
+        (src / "README.md").write_text(f"---\nbase_model: {hub_id}\nlicense: mit\n---\n# tiny\n")
+    out = tmp_path / "ckpt"
+    result = cli(
+        "convert", src, "--fraction", 0.5, "--kind", "identity", "--method", "first-to-last", "--max-length", 16,
+        "--out", out,
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    recipe = (out / "papa_recipe.json").read_text()
+    card = (out / "README.md").read_text()
+    for text in (recipe, card):
+        assert str(tmp_path) not in text and "/home/someone" not in text
+    data = json.loads(recipe)
+    if hub_id:
+        assert data["source"]["model"] == hub_id and f"convert {hub_id} " in data["command"]
+    else:
+        assert data["source"]["model"] == "local model" and "'<local model>'" in data["command"]

@@ -143,6 +143,7 @@ def test_round_trip_on_the_oldest_supported_transformers(tiny, tmp_path):
 NEWER_THAN_FLOOR = [t for t in FAMILY_TYPES if FAMILIES[t].min_transformers > (5, 0)]
 
 
+@pytest.mark.slow  # slow tier: one floor process per family
 @pytest.mark.parametrize("model_type", NEWER_THAN_FLOOR)
 def test_floor_transformers_refuses_newer_families_by_name(tiny, tmp_path, model_type):
     """A checkpoint of a family newer than the floor fails to load there with the release it needs."""

@@ -23,18 +23,6 @@ def runner():
     return CliRunner()
 
 
-@pytest.fixture
-def corpus(tmp_path):
-    path = tmp_path / "corpus.txt"
-    path.write_text("\n".join(["the cat sat on the mat", "a dog ran off", "it was a good movie", "the end"] * 3))
-    return path
-
-
-@pytest.fixture
-def source(tiny_folder):
-    return str(tiny_folder("bert"))
-
-
 def invoke(runner, *args):
     result = runner.invoke(main, ["-q", *map(str, args)])
     return result

@@ -14,7 +14,7 @@ from papa_surgery.calibration.constants import Constants
 from papa_surgery.conversion.checkpoint import save_checkpoint
 from papa_surgery.conversion.inspection import describe
 from papa_surgery.conversion.surgery import convert
-from papa_surgery.hub_code.compact_constants import CompactLayout, constants_of
+from papa_surgery.hub_code.compact_constants import CompactLayout, constants_of, rebuild
 from papa_surgery.hub_code.modeling_papa import attention_modules
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -33,6 +33,44 @@ def test_structured_kinds_compact_exactly(kind):
     values = Constants.from_kind(kind, 1, 2, L).values[0]  # (2, L, L)
     layout = layout_for("compact", L, pairs=False, band=2, rank=0)
     assert torch.allclose(compacted(values, layout), values, atol=1e-6)
+
+
+def _cell_by_cell(parts: dict, length: int, band: int, special: tuple) -> torch.Tensor:
+    """The matrices the compact parts stand for, read one cell at a time from the storage's definition (no
+    shared code with ``rebuild``): a special slot's row, else its column, else the band, else profile + u . v."""
+    heads = parts["papa_constants_profile"].shape[0]
+    out = torch.zeros(heads, length, length, dtype=torch.float64)
+    for h in range(heads):
+        for i in range(length):
+            for j in range(length):
+                if j in special:
+                    value = parts["papa_constants_cols"][h, i, special.index(j)]
+                elif i in special:
+                    value = parts["papa_constants_rows"][h, special.index(i), j]
+                elif abs(j - i) <= band:
+                    value = parts["papa_constants_band"][h, i, j - i + band]
+                else:
+                    u, v = parts["papa_constants_u"][h, i], parts["papa_constants_v"][h, j]
+                    value = parts["papa_constants_profile"][h, j - i + length - 1] + float((u * v).sum())
+                out[h, i, j] = max(float(value), 0.0)
+    return out
+
+
+@pytest.mark.parametrize("pairs", [False, True])
+def test_rebuild_equals_an_independent_cell_by_cell_reading(pairs):
+    length, band, rank = 12, 2, 3
+    layout = layout_for("compact", length, pairs=pairs, band=band, rank=rank)
+    g = torch.Generator().manual_seed(1)
+    parts = {name: torch.randn(shape, generator=g) for name, shape in layout.shapes(2).items()}  # negatives too
+    expected = _cell_by_cell(parts, length, band, layout.special)
+    assert torch.allclose(rebuild(parts, layout).double(), expected, atol=1e-5)
+    # and compaction of real-looking constants stores what it claims: exact where it says so
+    values = _random_constants(1, 2, length).values[0]
+    stored = compact_parts(values, layout)
+    got = _cell_by_cell(stored, length, band, layout.special)
+    exact = (layout.offsets().abs() <= band) | torch.isin(torch.arange(length), torch.tensor(layout.special))[:, None]
+    exact = exact | torch.isin(torch.arange(length), torch.tensor(layout.special))[None, :]
+    assert torch.allclose(got[:, exact], values.double()[:, exact], atol=1e-6)
 
 
 def test_full_rank_is_exact_and_a_low_rank_is_not():
@@ -109,6 +147,7 @@ def _jobs(tiny, tmp_path):
     return jobs
 
 
+@pytest.mark.slow  # slow tier: more fresh-process loads
 def test_compact_checkpoints_load_in_a_fresh_process_without_the_library(tiny, tmp_path):
     jobs = _jobs(tiny, tmp_path)
     result = fresh_python(LOADER, str(tmp_path / "jobs.json"), cwd=tmp_path, python=sys.executable)
@@ -116,6 +155,7 @@ def test_compact_checkpoints_load_in_a_fresh_process_without_the_library(tiny, t
     assert len([ln for ln in result.stdout.splitlines() if ln.count(" ") == 2]) == len(jobs)
 
 
+@pytest.mark.slow  # slow tier: more fresh-process loads
 def test_compact_checkpoints_load_on_the_oldest_supported_transformers(tiny, tmp_path):
     python = floor_python()
     if python is None:

@@ -19,7 +19,7 @@ from test_sweep import write_sst2
 
 from papa_surgery.calibration.constants import Constants
 
-pytestmark = pytest.mark.usefixtures("one_thread")
+pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.slow]  # slow tier: torchrun / accelerate
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SINGLE = [sys.executable, "-m", "papa_surgery"]
@@ -52,7 +52,7 @@ if os.environ.get("RANK") == "0":  # rank 0 is slow, before and after it says th
 
     distributed.RemoteFailure.__init__, distributed._leave = late_failure, late_leave
 if os.environ.get("RANK") == "1" and os.environ.get("PAPA_TEST_FAIL"):  # rank 1 alone fails, at this step
-    calibrate = importlib.import_module("papa_surgery.calibration.average")  # the module, not the function of that name
+    calibrate = importlib.import_module("papa_surgery.calibration.average")
     pipeline = importlib.import_module("papa_surgery.workflow.jobs")
 
     def fail(*args, **kwargs):
@@ -306,7 +306,7 @@ def test_exchanged_batches_add_up_like_one_process(tiny_model, tiny_tokenizer, m
     with every batch its own: the sums are bitwise those of adding each batch's matrices directly."""
     import importlib
 
-    module = importlib.import_module("papa_surgery.calibration.average")  # the module, not the function of that name
+    module = importlib.import_module("papa_surgery.calibration.average")
     calibrate, process_batches = module.calibrate, module.process_batches
 
     model, tok = tiny_model("bert").to(device), tiny_tokenizer("bert")

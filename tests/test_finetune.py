@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import json
 import math
 
@@ -15,6 +14,7 @@ from metric_values import is_accuracy_of
 from test_sweep import config, write_sst2
 
 import papa_surgery
+import papa_surgery.finetuning.train as train_mod
 from papa_surgery.cli import main
 from papa_surgery.experiments.jobs import FinetuneJob
 from papa_surgery.experiments.results import cell_key, read_rows
@@ -23,7 +23,7 @@ from papa_surgery.finetuning import FinetuneOptions, finetune
 from papa_surgery.report import cost_summary, write_report
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-train_mod = importlib.import_module("papa_surgery.finetuning.train")
+
 COST = ("train_examples_per_second", "inference_examples_per_second", "peak_memory_mb", "checkpoint_bytes")
 
 

@@ -19,6 +19,7 @@ import torch
 from conftest import MODERN_TYPES, MODERNBERT_WINDOW, PAIRS, SENTENCES, make_constants, make_papa
 
 import papa_surgery
+from papa_surgery.calibration.constants import Constants
 from papa_surgery.hub_code.families import FAMILIES
 from papa_surgery.hub_code.modeling_papa import attention_modules
 
@@ -189,6 +190,10 @@ def test_inspect_and_card_name_the_family_specifics(tiny, tmp_path, model_type):
     assert "family specifics" in card and specific[model_type] in card
 
 
+def every_pair() -> list[tuple[int, int]]:
+    return [(layer, h) for layer in range(LAYERS) for h in range(HEADS)]
+
+
 @pytest.mark.parametrize("model_type", MODERN_TYPES)
 def test_every_kind_method_and_path_runs(tiny, tmp_path, model_type):
     """calibrate (every kind) -> rank (every method, lambda included) -> convert -> probe -> analyze, per family."""
@@ -207,20 +212,49 @@ def test_every_kind_method_and_path_runs(tiny, tmp_path, model_type):
     by_kind = {kind: api.calibrate(src, tok, sentences, kind=kind, max_length=L, progress=False) for kind in kinds}
     every = [[layer, h] for layer in range(LAYERS) for h in range(HEADS)]
     by_kind["distilled"] = papa_surgery.distill(src, tok, sentences, by_kind["average"], every, steps=2, progress=False)
-    assert all(c.values.shape == (LAYERS, HEADS, L, L) for c in by_kind.values())
+    assert all(c.values.shape == (LAYERS, HEADS, L, L) and c.kind == k for k, c in by_kind.items())
+    assert torch.equal(by_kind["identity"].values[1, 2], torch.eye(L))  # data-free kinds are their matrices
+    assert torch.equal(by_kind["zeros"].values, torch.zeros(LAYERS, HEADS, L, L))
+    for kind in ("average", "norm-average", "effective-average"):  # averages over the corpus, with their counts
+        assert by_kind[kind].metadata["examples"] == len(sentences) and by_kind[kind].variance is not None, kind
+    assert by_kind["distilled"].metadata["distilled"]["steps"] == 2
+    assert not torch.equal(by_kind["distilled"].values, by_kind["average"].values)  # training moved the matrices
     average = by_kind["average"]
+    rankings = {}
     for method in (*LABEL_FREE_METHODS, "lambda"):
         options = dict(task="sst2", data_dir=tmp_path / "data", epochs=1, progress=False) if method == "lambda" else {}
         constants = by_kind["norm-average"] if method == "norm" else average
-        ranking = api.rank(method, src, tok, constants=constants, **options)
-        assert sorted(map(tuple, ranking.order)) == [(a, b) for a in range(LAYERS) for b in range(HEADS)], method
-    api.convert(src, average, ranking=ranking, fraction=0.5, tokenizer=tok)
+        rankings[method] = api.rank(method, src, tok, constants=constants, **options)
+        assert sorted(map(tuple, rankings[method].order)) == every_pair(), method
+    # Each order is what its method says, checked against the scores it reads.
+    assert rankings["first-to-last"].order == [list(x) for x in every_pair()]
+    assert rankings["last-to-first"].order[:HEADS] == [[LAYERS - 1, h] for h in range(HEADS)]
+    by_variance = sorted(every_pair(), key=lambda x: (float(average.variance[x]), x))
+    assert rankings["variance"].order == [list(x) for x in by_variance]
+    contribution = by_kind["norm-average"].metadata["contribution"]
+    assert rankings["norm"].order == [
+        list(x) for x in sorted(every_pair(), key=lambda x: (contribution[x[0]][x[1]], x))
+    ]
+    lambdas = rankings["lambda"].scores
+    assert all(0.0 < v < 1.0 for v in lambdas) and lambdas == sorted(lambdas)  # sigmoid values, smallest first
+    assert (
+        api.rank("random", src, tok, constants=average, seed=3).order
+        == api.rank("random", constants=average, seed=3).order
+    )
+    converted = api.convert(src, average, ranking=rankings["lambda"], fraction=0.5, tokenizer=tok)
+    assert converted.config.papa_constant_heads == rankings["lambda"].select(0.5)
     # The probe reads the encoder's hidden states: convert an encoder (AutoModel), with its own constants.
     encoder = tiny.model(model_type)
     own = api.calibrate(encoder, tok, sentences, max_length=L, progress=False)
     papa = api.convert(encoder, own, ranking="variance", fraction=0.5, tokenizer=tok)
-    result = api.probe(papa, tok, "sst2", data_dir=tmp_path / "data", epochs=1, progress=False)
-    assert 0.0 <= result["score"] <= 1.0
+    probed = [api.probe(papa, tok, "sst2", data_dir=tmp_path / "data", epochs=1, progress=False) for _ in range(2)]
+    assert (
+        probed[0]["metric"] == "accuracy" and probed[0]["examples"] == probed[0]["eval_examples"] == len(sentences) * 4
+    )
+    assert probed[0]["score"] == probed[1]["score"]  # the same seed scores the same
     for which in ("norms", "effective"):
         summary = api.analyze(src, tok, sentences, which, tmp_path / which, max_length=L, progress=False)
-        assert summary["files"], which
+        saved = Constants.load(tmp_path / which / f"{'norm' if which == 'norms' else 'effective'}-average.safetensors")
+        same = by_kind["norm-average" if which == "norms" else "effective-average"]
+        assert torch.allclose(saved.values, same.values, rtol=1e-6, atol=1e-9), which  # the analysis's own averages
+        assert all((tmp_path / which / name).is_file() for name in summary["files"]), which

@@ -12,21 +12,15 @@ import shutil
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
-from fake_hub import build_tiny_checkpoint
+from conftest import cli
 
 import papa_surgery
 from papa_surgery.calibration import Constants
-from papa_surgery.cli import main
 from papa_surgery.ranking import Ranking
 
 FAST_CONVERT = ["--fraction", "0.5", "--kind", "identity", "--method", "first-to-last", "--max-length", "16"]
 ORDER = [[layer, head] for layer in range(2) for head in range(4)]
 ROW = {"model": "tiny", "task": "sst2", "fraction": 0.5, "kind": "average", "method": "variance", "seed": 0}
-
-
-def cli(*args):
-    return CliRunner().invoke(main, ["-q", *map(str, args)])
 
 
 def snapshot(folder: Path) -> dict:
@@ -55,12 +49,6 @@ def source(tiny_folder, tmp_path) -> Path:
     src = tmp_path / "work" / "bert-src"
     shutil.copytree(tiny_folder("bert"), src)
     return src
-
-
-@pytest.fixture(scope="module")
-def papa_model(tmp_path_factory):
-    _, model, tokenizer = build_tiny_checkpoint(tmp_path_factory.mktemp("papa") / "tiny-papa")
-    return model, tokenizer
 
 
 @pytest.fixture

@@ -228,6 +228,7 @@ def _ddp_worker(rank: int, world: int, folder: str, data_dir: str, port: int, ou
         dist.destroy_process_group()
 
 
+@pytest.mark.slow  # slow tier: two processes
 def test_two_process_data_parallel_matches_one_process(tiny_folder, data_dir, tmp_path):
     import socket
 

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
-from conftest import needs_shared_data, shared_data_dir
+from conftest import cli, needs_shared_data, shared_data_dir
 
 from papa_surgery.tasks import TASKS, get_task, load_split
 
@@ -121,3 +123,59 @@ def test_hub_path_maps_class_labels_by_name(monkeypatch):
 )  # fmt: skip
 def test_shared_data_counts(task, split, count):
     assert len(load_split(task, split, DATA)) == count
+
+
+def test_probe_offline_without_data_dir_suggests_it(source, tmp_path):
+    result = cli("probe", source, "--task", "sst2", "--fractions", "0", "--seeds", 1, "--out", tmp_path / "r.jsonl")
+    assert result.exit_code == 1 and "could not be reached" in result.output and "--data-dir" in result.output
+
+
+def test_file_format_errors_name_the_file_and_line(tmp_path):
+    from papa_surgery.calibration.constants import Constants
+    from papa_surgery.calibration.corpus import load_corpus
+    from papa_surgery.experiments.results import read_rows
+    from papa_surgery.ranking.order import Ranking
+
+    bad = tmp_path / "corpus.txt"
+    bad.write_bytes(b"fine line\nanother\nbroken \xff\xfe line\nlast\n")
+    with pytest.raises(ValueError, match=r"corpus\.txt: line 3 is not valid UTF-8"):
+        list(load_corpus(bad))
+    results = tmp_path / "r.jsonl"
+    results.write_bytes(b'{"a": 1}\n{"b": "\xff"}\n{"c": 3}\n')
+    with pytest.raises(ValueError, match=r"r\.jsonl: line 2 is not valid UTF-8"):
+        read_rows(results)
+
+    ranking = tmp_path / "ranking.json"
+    base = {"format": "papa-ranking", "method": "random", "num_layers": 1, "num_heads": 2, "order": [[0, 0], [0, 1]]}
+    cases = [({"order": [[0], [1]]}, "order"), ({"order": None}, "order"), ({"num_layers": "1"}, "num_layers")]
+    cases += [({"scores": [1.0]}, "scores"), ({"provenance": []}, "provenance")]
+    for broken, field in cases:
+        ranking.write_text(json.dumps({**base, **broken}))
+        with pytest.raises(ValueError, match=field):
+            Ranking.load(ranking)
+    ranking.write_text("[1, 2]")
+    with pytest.raises(ValueError, match="not a papa-surgery ranking"):
+        Ranking.load(ranking)
+
+    import torch
+    from safetensors.torch import save_file
+
+    consts = tmp_path / "c.safetensors"
+    values = {"values": torch.full((1, 2, 4, 4), 0.25)}
+    save_file(values, str(consts), metadata={"format": "papa-constants", "max_length": "4"})
+    with pytest.raises(ValueError, match="lacks 'kind'"):
+        Constants.load(consts)
+    save_file(values, str(consts), metadata={"format": "papa-constants", "kind": "average", "max_length": "four"})
+    with pytest.raises(ValueError, match="metadata is damaged"):
+        Constants.load(consts)
+    with pytest.raises(ValueError, match="is a folder"):
+        Constants.load(tmp_path)
+
+
+def test_empty_task_file_is_named(tmp_path):
+    from papa_surgery.tasks import load_split
+
+    (tmp_path / "glue" / "sst2").mkdir(parents=True)
+    (tmp_path / "glue" / "sst2" / "train.tsv").write_text("")
+    with pytest.raises(ValueError, match=r"train\.tsv is empty"):
+        load_split("sst2", "train", tmp_path)

@@ -3,16 +3,14 @@ results file never run or write a cell twice."""
 
 from __future__ import annotations
 
-import importlib
 import threading
 
 import pytest
 from test_sweep import CountingProbe, config, write_sst2
 
+import papa_surgery.probing as probe_pkg  # the package whose ``probe`` a sweep calls
 from papa_surgery.experiments import parse_fractions, run_sweep
 from papa_surgery.experiments.results import cell_key, read_rows
-
-probe_pkg = importlib.import_module("papa_surgery.probing")  # the package (papa_surgery.probe is also the function)
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +32,7 @@ def test_resume_with_a_score_changing_option_is_refused(tiny_folder, data_dir, t
     counter = CountingProbe()
     monkeypatch.setattr(probe_pkg, "probe", counter)
     name = next(iter(change))
-    with pytest.raises(ValueError, match="--" + name.replace("_", "-")):
+    with pytest.raises(ValueError, match=f"made with {name}="):  # the Python API names the argument
         run_sweep(config(model_dir, data_dir, fractions=(0.0,), seeds=1, **change), out, progress=False)
     assert counter.calls == 0 and out.read_bytes() == before  # the old rows are not reported as this run's
 

@@ -175,3 +175,21 @@ def test_one_layout_batch_takes_the_shared_path_with_the_same_result():
     one_by_one = torch.cat([constant_attention(c, slots[i : i + 1], value[i : i + 1])[0] for i in range(3)])
     assert torch.allclose(shared, one_by_one, atol=1e-6)
     assert torch.allclose(shared_p, constant_probs(c, slots, torch.float32), atol=1e-7)
+
+
+def test_a_pair_as_inputs_embeds_is_not_silently_one_segment(papa_model):
+    import torch
+
+    model, tokenizer = papa_model
+    enc = tokenizer("the cat sat", "a dog ran", return_tensors="pt")
+    with torch.no_grad():
+        by_ids = model(**enc).last_hidden_state
+        embeds = model.get_input_embeddings()(enc["input_ids"])
+        try:
+            by_embeds = model(
+                inputs_embeds=embeds, attention_mask=enc["attention_mask"], token_type_ids=enc["token_type_ids"]
+            ).last_hidden_state
+        except ValueError as err:
+            assert "inputs_embeds" in str(err)
+            return
+    torch.testing.assert_close(by_embeds, by_ids)

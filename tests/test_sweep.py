@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
 import json
 import random
 
@@ -10,14 +9,14 @@ import pytest
 import torch
 from metric_values import is_accuracy_of
 
+import papa_surgery.probing as probe_pkg  # the package whose ``probe`` a sweep calls
 from papa_surgery.experiments import SweepConfig, run_sweep
 from papa_surgery.experiments.config import DEFAULT_FRACTIONS
 from papa_surgery.experiments.results import Cell, cell_key, read_rows
 
 POSITIVE = ["charming", "fun", "astounding", "affecting", "good", "great"]
 NEGATIVE = ["bleak", "desperate", "dull", "bad", "awful", "boring"]
-# The probe package whose ``probe`` the sweep calls (``papa_surgery.probe`` itself is the workflow function).
-probe_pkg = importlib.import_module("papa_surgery.probing")
+
 FILLER = ["the", "a", "movie", "is", "and", "journey", "acting", "music", "ride", "."]
 
 

@@ -133,6 +133,7 @@ def run_convert(
             calibration=calibration,
             steps=rank.steps,
             max_train_examples=rank.max_train_examples,
+            batch_size=run.batch_size,
         )
     if kind.made == registry.TRAINED:  # distilled for exactly the heads this checkpoint makes constant
         constants = flow.distilled(constants, ranking.select(conv.fraction), corpus, distill)
@@ -294,6 +295,7 @@ def run_rank(
         calibration=_calibration(cal, corpus),
         steps=rank.steps,
         max_train_examples=rank.max_train_examples,
+        batch_size=run.batch_size,
     )
     on_main(write_output, out, overwrite, "ranking", ranking.save)  # under a launcher: rank 0 writes
     return out

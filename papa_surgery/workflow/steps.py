@@ -223,9 +223,8 @@ class Workflow:
     def _rank(self, method: str, constants, task, data_dir, seed: int, lambda_options: dict):
         from ..ranking.methods import rank_heads
 
-        options = dict(lambda_options)
+        options = dict(lambda_options)  # batch size, epochs, lr: the task's App. B values unless given
         if registry.method(method).task:
-            options.setdefault("batch_size", self.run.batch_size)
             options.setdefault("device", self.run.device)
             options.setdefault("progress", self.progress)
         return rank_heads(
