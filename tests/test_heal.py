@@ -292,3 +292,44 @@ def test_a_probe_sweep_scores_each_kind_converted_and_healed_and_the_report_show
         run_sweep(other, tmp_path / "rows.jsonl", progress=False)
     with pytest.raises(ValueError, match="labeled-average"):
         SweepConfig(model=str(src), kinds=("labeled-average",), heal_options=heal_options).validate()
+
+
+def test_cli_heal_stopped_midway_writes_nothing_and_the_rerun_resumes(tiny, tmp_path, monkeypatch):
+    from click.testing import CliRunner
+
+    from papa_surgery.cli import main
+    from papa_surgery.healing import state as state_module
+
+    src = tiny.save("bert", tmp_path / "src")
+    (tmp_path / "corpus.txt").write_text("\n".join(CORPUS) + "\n")
+    runner = CliRunner()
+    common = ["--corpus", str(tmp_path / "corpus.txt"), "--batch-size", "8", "--max-length", str(L)]
+    assert runner.invoke(main, ["-q", "convert", str(src), "--fraction", "0.75", *common, "--out",
+                                str(tmp_path / "ckpt")]).exit_code == 0  # fmt: skip
+    heal_args = ["-q", "heal", str(tmp_path / "ckpt"), *common[:4], "--teacher", str(src), "--train", "full",
+                 "--steps", "6", "--eval-every", "2", "--heldout", "8", "--lr", "1e-3"]  # fmt: skip
+    assert runner.invoke(main, [*heal_args, "--out", str(tmp_path / "whole")]).exit_code == 0
+    real_save = state_module.HealState.save
+
+    def save_then_stop(self, *args, **kwargs):
+        real_save(self, *args, **kwargs)
+        if args[-1] == 4:
+            raise KeyboardInterrupt  # Ctrl-C right after the state of step 4 was written
+
+    monkeypatch.setattr(state_module.HealState, "save", save_then_stop)
+    result = runner.invoke(main, [*heal_args, "--out", str(tmp_path / "resumed")])
+    assert result.exit_code == 130, result.output
+    names = sorted(p.name for p in tmp_path.iterdir())
+    assert "resumed" not in names and not [n for n in names if "staging" in n]  # no checkpoint, no half of one
+    assert ".resumed.papa-heal-state.safetensors" in names  # the resume state, whole
+    monkeypatch.setattr(state_module.HealState, "save", real_save)
+    result = runner.invoke(main, [*heal_args, "--out", str(tmp_path / "resumed")])
+    assert result.exit_code == 0, result.output
+    names = sorted(p.name for p in tmp_path.iterdir())
+    assert ".resumed.papa-heal-state.safetensors" not in names  # removed once the checkpoint is written
+    from safetensors.torch import load_file
+
+    whole, resumed = (load_file(tmp_path / n / "model.safetensors") for n in ("whole", "resumed"))
+    assert whole.keys() == resumed.keys() and all(torch.equal(whole[k], resumed[k]) for k in whole)
+    record = json.loads((tmp_path / "resumed" / "papa_recipe.json").read_text())["healing"]
+    assert record["resumed_from_step"] == 4
