@@ -6,7 +6,8 @@
     constants = papa_surgery.calibrate(model, tok, max_examples=1000)
     ranking = papa_surgery.rank("variance", constants=constants)
     papa = papa_surgery.convert(model, constants, ranking, fraction=0.5, tokenizer=tok)
-    papa_surgery.save(papa, "minilm-papa-0.5", tokenizer=tok)
+    healed = papa_surgery.heal(papa, tok)          # label-free, toward the source, on the default corpus
+    papa_surgery.save(healed, "minilm-papa-0.5", tokenizer=tok)
 
 The workflow functions (:mod:`papa_surgery.api`) and the ``Constants`` / ``Ranking`` objects load on first
 use (PEP 562), so ``import papa_surgery`` and ``papa-surgery --help`` do not import torch.
@@ -31,6 +32,7 @@ _LAZY = {
     "probe": "api",
     "finetune": "api",
     "analyze": "api",
+    "heal": "healing.api",
     "distill": "healing",
     "Constants": "calibration",
     "Ranking": "ranking",

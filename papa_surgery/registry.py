@@ -110,6 +110,48 @@ METHODS: dict[str, Method] = {m.name: m for m in _METHODS}
 LABEL_FREE_METHODS = tuple(m.name for m in _METHODS if not m.task)
 LEARNED_METHODS = tuple(m.name for m in _METHODS if m.task)
 
+
+@dataclass(frozen=True)
+class TrainMode:
+    """What trains while a converted model heals toward its source (``papa-surgery heal --train``).
+
+    Attributes:
+        name: as the CLI and recipes spell it.
+        summary: one line of help.
+        lr: the default peak learning rate of its trained weights (``None``: it trains only the constants).
+    """
+
+    name: str
+    summary: str
+    lr: float | None = None
+
+
+_TRAIN_MODES = (
+    TrainMode("lora", "LoRA on the value, attention-output and feed-forward Linears, plus the constants; merged", 1e-3),
+    TrainMode("full", "every weight of the transformer layers (not the embeddings), plus the constants", 1e-4),
+    TrainMode("constants", "the constant matrices only (the distilled kind); every other weight unchanged"),
+)
+TRAIN_MODES: dict[str, TrainMode] = {m.name: m for m in _TRAIN_MODES}
+# A sweep with healing scores each kind's converted model twice: as converted (``average``) and healed
+# (``average+healed``); results rows and reports carry that label as the row's kind.
+HEALED = "+healed"
+
+
+def healed_label(kind_name: str) -> str:
+    """The results label of ``kind_name``'s healed twin in a sweep (``average`` -> ``average+healed``)."""
+    return kind_name + HEALED
+
+
+def split_healed(label: str) -> tuple[str, bool]:
+    """``(kind, healed)`` of a results label (``average+healed`` -> ``("average", True)``)."""
+    return (label[: -len(HEALED)], True) if label.endswith(HEALED) else (label, False)
+
+
+DEFAULT_TRAIN = "lora"
+# What healing matches (papa_surgery.healing.objective): hidden states of every layer or the last, and/or the
+# sentence-transformers embedding; ``auto`` = layers+embedding for a sentence-transformers source, else layers.
+HEAL_OBJECTIVES = ("auto", "layers", "last", "embedding", "layers+embedding", "last+embedding")
+
 STORAGES = {
     "auto": "dense up to L=128, compact above",
     "dense": "an L x L matrix per constant head",
@@ -164,6 +206,13 @@ def check_method(name: str, task=None) -> Method:
 def default_method(task: str | None) -> str:
     """The method used when none is given: the paper's learned ``lambda`` with a task, else ``variance``."""
     return "lambda" if task else "variance"
+
+
+def train_mode(name: str) -> TrainMode:
+    """The healing training mode called ``name`` (ValueError with a suggestion)."""
+    if name not in TRAIN_MODES:
+        raise _unknown("training mode", name, TRAIN_MODES)
+    return TRAIN_MODES[name]
 
 
 def storage(name: str) -> str:

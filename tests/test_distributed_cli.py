@@ -172,7 +172,7 @@ def test_a_resumed_probe_under_torchrun_runs_nothing(work, single_rows):
     out = work / "resumed.jsonl"
     out.write_text((work / "single.jsonl").read_text())
     result = ok(run_cli(TORCHRUN, "probe", "bert", *PROBE_ARGS, "--out", out.name, cwd=work))
-    assert "3 result rows" in result.stdout
+    assert "3 rows of this sweep (0 new) in resumed.jsonl, which holds 3 rows" in result.stdout
     assert out.read_text() == (work / "single.jsonl").read_text()
 
 
@@ -263,6 +263,34 @@ def test_distill_under_torchrun_steps_on_both_shards(work, single_constants, tmp
     assert gap(own_shard, both) > 1e-3  # the batches differ enough to tell the two apart
     # padding differs (each shard pads to its own longest line): equal up to float rounding, amplified by Adam
     assert gap(two, both) < 1e-4 < gap(two, own_shard) / 100
+
+
+@pytest.mark.parametrize("launcher", LAUNCHERS)
+def test_heal_under_a_launcher_steps_on_both_shards_and_writes_once(work, tmp_path, launcher):
+    """Healing as distillation does: two processes with batch 4 take the steps of one process with batch 8; rank 0
+    alone writes the checkpoint, its recipe says 2 processes, and no resume state is left."""
+    from safetensors.torch import load_file
+
+    ckpt = tmp_path / "ckpt"
+    ok(run_cli(SINGLE, "convert", "bert", "--corpus", "corpus.txt", "--max-length", 32, "--fraction", 0.75,
+               "--batch-size", 4, "--out", ckpt, cwd=work))  # fmt: skip
+    args = ("heal", ckpt, "--corpus", "corpus.txt", "--teacher", "bert", "--train", "full", "--steps", 3,
+            "--heldout", 10, "--eval-every", 1, "--lr", 0.01)  # fmt: skip
+    ok(run_cli(LAUNCHERS[launcher], *args, "--batch-size", 4, "--out", tmp_path / "two", cwd=work))
+    for batch in (4, 8):
+        ok(run_cli(SINGLE, *args, "--batch-size", batch, "--out", tmp_path / f"one-{batch}", cwd=work))
+    assert outputs(tmp_path) == ["ckpt", "one-4", "one-8", "two"]  # one checkpoint each, no state, no staging
+    healing = json.loads((tmp_path / "two" / "papa_recipe.json").read_text())["healing"]
+    assert healing["processes"] == 2 and healing["batch_size"] == 4
+    two, own_shard, both = (load_file(tmp_path / n / "model.safetensors") for n in ("two", "one-4", "one-8"))
+    start = load_file(ckpt / "model.safetensors")
+
+    def gap(a, b):
+        return max(float((a[k].float() - b[k].float()).abs().max()) for k in a)
+
+    assert gap(two, start) > 1e-3 and gap(own_shard, both) > 1e-3  # healing moved the weights; the batches differ
+    # padding differs (each shard pads to its own longest line): equal up to float rounding, amplified by Adam
+    assert gap(two, both) < gap(two, own_shard) / 30, (gap(two, both), gap(two, own_shard))
 
 
 def hooked(tmp_path: Path, fail: str = "") -> dict:

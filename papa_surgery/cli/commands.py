@@ -1,4 +1,4 @@
-"""The workflow's commands: ``calibrate``, ``rank``, ``convert`` and ``analyze``, each a few lines over one job.
+"""The workflow's commands: ``calibrate``, ``rank``, ``convert``, ``heal``, ``analyze``: each a few lines over a job.
 
 Options come from :mod:`papa_surgery.options` (defined once, checked by click's types); the work is one
 call of :mod:`papa_surgery.workflow.jobs`, imported when the command runs so ``--help`` answers at once.
@@ -11,16 +11,19 @@ import click
 from .. import registry
 from ..distributed import is_main_process, scale_out
 from ..options import (
+    HEAL_WITH_SOURCE,
     AnalyzeOptions,
     CalibrationOptions,
     ConvertOptions,
     DistillOptions,
     FileOutputOptions,
+    HealOptions,
     PushOptions,
     RankOptions,
     RunOptions,
     click_options,
     from_kwargs,
+    optional_group,
 )
 from .context import given, progress_of, verbosity
 from .recorded import command_line
@@ -40,8 +43,8 @@ def _refuse_calibration_with_constants(ctx, constants_file: str | None) -> None:
             param_hint="'--max-length'",
         )
     for name in ("corpus", "pairs", "max_examples"):
-        if name != "pairs" and ctx.params.get("kind") == "distilled":
-            continue  # distilling the file's constants reads a corpus
+        if name != "pairs" and (ctx.params.get("kind") == "distilled" or ctx.params.get("heal_steps")):
+            continue  # distilling or healing reads a corpus
         if given(ctx, name):
             flag = "--" + name.replace("_", "-")
             raise click.BadParameter(
@@ -115,6 +118,7 @@ def rank(ctx, model, constants, **kwargs):
 @click_options(CalibrationOptions)
 @click_options(DistillOptions)
 @click_options(RankOptions)
+@click_options(HealOptions, prefix="heal", only=HEAL_WITH_SOURCE, switch="steps")
 @click_options(RunOptions)
 @click.option("--push", "do_push", is_flag=True, help="Publish the checkpoint to the Hub after writing it.")
 @click_options(PushOptions)
@@ -122,7 +126,7 @@ def rank(ctx, model, constants, **kwargs):
 @click.pass_context
 @scale_out
 def convert(ctx, model, do_push, **kwargs):
-    """Make a PAPA checkpoint: calibrate, rank, convert, write the folder (and --push it)."""
+    """Make a PAPA checkpoint: calibrate, rank, convert, heal (--heal-steps N), write the folder (and --push it)."""
     from ..conversion.inspection import describe
     from ..workflow.jobs import run_convert
 
@@ -138,9 +142,41 @@ def convert(ctx, model, do_push, **kwargs):
         command=command_line(ctx),
         progress=progress_of(ctx),
         distill=from_kwargs(DistillOptions, kwargs),
+        heal=optional_group(HealOptions, kwargs, "heal", "steps"),
     )
     d = describe(out) if is_main_process() else {}
     click.echo(f"wrote {out} ({d.get('num_constant_heads', '?')} of {d.get('num_heads_total', '?')} heads constant)")
+
+
+@click.command()
+@click.argument("checkpoint")
+@click_options(CalibrationOptions, only=("corpus", "max_examples"))
+@click_options(HealOptions)
+@click_options(RunOptions)
+@click.option("--out", required=True, type=click.Path(file_okay=False), help="Output folder: the healed checkpoint.")
+@click.option("--overwrite", is_flag=True, help="Replace an earlier checkpoint papa-surgery wrote there.")
+@verbosity
+@click.pass_context
+@scale_out
+def heal(ctx, checkpoint, out, overwrite, **kwargs):
+    """Heal a PAPA checkpoint toward its source, label-free: more than the constants learn its outputs.
+
+    CHECKPOINT is a PAPA checkpoint folder or Hub id. The teacher is the source its recipe names (--teacher to
+    choose). A run stopped midway writes nothing and resumes from its last evaluation when run again.
+    """
+    from ..workflow.jobs import run_heal
+
+    path = run_heal(
+        checkpoint,
+        from_kwargs(CalibrationOptions, kwargs),
+        from_kwargs(HealOptions, kwargs),
+        from_kwargs(RunOptions, kwargs),
+        out,
+        overwrite=overwrite,
+        command=command_line(ctx),
+        progress=progress_of(ctx),
+    )
+    click.echo(f"wrote {path}")
 
 
 @click.command()

@@ -9,11 +9,19 @@ from __future__ import annotations
 import click
 
 from ..distributed import scale_out
-from ..options import FinetuneOptions, SweepOptions, click_options, from_kwargs
+from ..options import (
+    HEAL_WITH_SOURCE,
+    FinetuneOptions,
+    HealOptions,
+    SweepOptions,
+    click_options,
+    from_kwargs,
+    optional_group,
+)
 from .context import progress_of, verbosity
 
 
-def _sweep_config(model_or_dir: str, sweep: SweepOptions):
+def _sweep_config(model_or_dir: str, sweep: SweepOptions, heal: HealOptions | None = None):
     from ..experiments.config import SweepConfig
     from ..models.sources import EMBEDDED_HUB_ID, resolve_model
 
@@ -27,6 +35,8 @@ def _sweep_config(model_or_dir: str, sweep: SweepOptions):
     }  # fmt: skip
     if sweep.distill_steps is not None:
         options["distill_options"] = {"steps": sweep.distill_steps}
+    if heal is not None:
+        options["heal_options"] = heal.kwargs()
     return SweepConfig(
         model=resolve_model(model_or_dir),
         label=EMBEDDED_HUB_ID if model_or_dir in ("minilm", "embedded") else model_or_dir,
@@ -54,19 +64,30 @@ def _summary(rows: list, before: int, path) -> str:
     return f"{len(rows)} rows of this sweep ({total - before} new) in {path}, which holds {total} rows"
 
 
+def heal_options(command):
+    """``--heal-steps N`` (and the other ``--heal-*``): each kind's converted model is also healed and scored."""
+    return click_options(HealOptions, prefix="heal", only=HEAL_WITH_SOURCE, switch="steps")(command)
+
+
 @click.command()
 @click.argument("model_or_dir")
 @click_options(SweepOptions)
+@heal_options
 @verbosity
 @click.pass_context
 @scale_out
 def probe(ctx, model_or_dir, **kwargs):
-    """Probe a frozen model over fractions, seeds, kinds and methods (paper 3.3, 4)."""
+    """Probe a frozen model over fractions, seeds, kinds and methods (paper 3.3, 4).
+
+    With --heal-steps N each kind's converted model is also healed toward the source on the calibration corpus and
+    probed as the kind `<kind>+healed` (average, distilled and healed side by side in the report).
+    """
     from ..experiments.sweep import run_sweep
 
     sweep = from_kwargs(SweepOptions, kwargs)
+    config = _sweep_config(model_or_dir, sweep, optional_group(HealOptions, kwargs, "heal", "steps"))
     before = _rows_in(sweep.out)
-    rows = run_sweep(_sweep_config(model_or_dir, sweep), sweep.out, progress=progress_of(ctx))
+    rows = run_sweep(config, sweep.out, progress=progress_of(ctx))
     click.echo(_summary(rows, before, sweep.out))
 
 
@@ -74,6 +95,7 @@ def probe(ctx, model_or_dir, **kwargs):
 @click.argument("model_or_dir")
 @click_options(SweepOptions)
 @click_options(FinetuneOptions)
+@heal_options
 @verbosity
 @click.pass_context
 @scale_out
@@ -83,13 +105,14 @@ def finetune(ctx, model_or_dir, **kwargs):
     Each cell converts MODEL_OR_DIR as `probe` does, loads it with the family's stock classification head,
     trains it with transformers' Trainer (defaults: 3 epochs, lr 5e-5, batch 16, warmup 6%, weight decay
     0.01; CoLA and MRPC 5 epochs) and scores it on the task's dev split. Rows also record training and inference
-    examples per second, peak memory, trainable parameters and checkpoint size.
+    examples per second, peak memory, trainable parameters and checkpoint size. --heal-steps N adds each kind's
+    healed model, as `probe` does.
     """
     from ..experiments.jobs import FinetuneJob
     from ..experiments.sweep import run_sweep
 
     sweep = from_kwargs(SweepOptions, kwargs)
-    config = _sweep_config(model_or_dir, sweep)
+    config = _sweep_config(model_or_dir, sweep, optional_group(HealOptions, kwargs, "heal", "steps"))
     before = _rows_in(sweep.out)
     rows = run_sweep(
         config, sweep.out, progress=progress_of(ctx), job=FinetuneJob(config, from_kwargs(FinetuneOptions, kwargs))

@@ -11,7 +11,7 @@ import click
 
 from .. import __version__
 from .checkpoints import inspect_, push
-from .commands import analyze, calibrate, convert, rank
+from .commands import analyze, calibrate, convert, heal, rank
 from .context import PapaGroup, configure
 from .experiments import finetune, probe, report
 
@@ -29,7 +29,7 @@ def main(ctx, quiet: bool, verbose: bool):
     configure(ctx, quiet=quiet, verbose=verbose)
 
 
-for _command in (calibrate, rank, convert, inspect_, push, probe, finetune, report, analyze):
+for _command in (calibrate, rank, convert, heal, inspect_, push, probe, finetune, report, analyze):
     main.add_command(_command)
 
 

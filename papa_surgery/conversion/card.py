@@ -12,6 +12,7 @@ from pathlib import Path
 
 from .. import report
 from .description import calibrated_on_text, format_coverage, shorter_than_source_text
+from .healed import healing_table
 from .inspection import describe
 
 TEMPLATE = Path(__file__).resolve().parents[1] / "cards" / "papa_model_card.md"
@@ -161,6 +162,7 @@ def render_card(
         grid_table=grid_table(d),
         image=image,
         results_table=results_table(load_results(results)),
+        healing_table=healing_table(d.get("healing")),
         auto_class=d["auto_class"],
         repo_id=repo_id or REPO_PLACEHOLDER,
         revision=revision or REVISION_PLACEHOLDER,

@@ -5,6 +5,8 @@ Everything here reads :func:`papa_surgery.conversion.inspection.describe`'s dict
 
 from __future__ import annotations
 
+from .healed import healing_line
+
 
 def head_grid_lines(d: dict, constant: str = "C", kept: str = ".") -> list[str]:
     """The layer x head grid as text lines (``C`` constant, ``.`` input-dependent attention)."""
@@ -51,6 +53,8 @@ def format_description(d: dict) -> str:
         )
     if d["coverage"]:
         lines.append(f"  coverage        {format_coverage(d['coverage'])}")
+    if d.get("healing"):
+        lines.append(f"  healed          {healing_line(d['healing'])}")
     lines.append(f"  format          v{d['format_version']}, papa-surgery {d['papa_surgery_version']}")
     if d["library_versions"]:
         lines.append("  libraries       " + ", ".join(f"{k} {v}" for k, v in sorted(d["library_versions"].items())))

@@ -249,6 +249,7 @@ def describe(folder) -> dict:
         "datasets": hub_datasets(corpus),
         "coverage": recipe.get("coverage"),
         "command": recipe.get("command"),
+        "healing": recipe.get("healing"),
         "created": recipe.get("created"),
         "format_version": config.get("papa_format_version"),
         "papa_surgery_version": config.get("papa_surgery_version") or recipe.get("papa_surgery_version"),

@@ -115,7 +115,8 @@ def build_papa_model(source, config, constants: dict[int, torch.Tensor] | None =
             state[key] = torch.zeros(meta.shape)
         else:
             state[key] = source_state[key]
-        state[key] = state[key].to(meta.dtype)
+        # a copy: from_pretrained adopts the given tensors, and training the PAPA model must not train the source
+        state[key] = state[key].detach().to(meta.dtype, copy=True)
     papa, info = cls.from_pretrained(
         None,
         config=config,
@@ -208,6 +209,76 @@ def convert(
     config.architectures = [type(papa).__name__]
     config.auto_map = auto_map(family)
     return papa
+
+
+def rebuild_papa_model(papa, *, trainable_constants: bool = False, storage: str = "auto", dtype=None):
+    """The same PAPA model (weights, heads, constants) with its constants held another way.
+
+    Healing trains dense constants as a parameter (``trainable_constants=True``, ``storage="dense"``) and stores
+    them back frozen, dense or compact (``storage``: as in :func:`convert`; compact parts are fitted to the trained
+    matrices, and the model returned computes with them). ``dtype``: the constants' storage dtype (default: the
+    model's). The model is built as ``from_pretrained`` builds it, by papa-surgery's own classes (a checkpoint
+    loaded with its shipped code works too); ``papa`` is not changed.
+    """
+    from ..hub_code.compact_constants import constants_of
+
+    family = get_family(papa)
+    config = papa.config
+    constants = {
+        layer: constants_of(module).detach().float()  # (Hc, L, L), rebuilt when stored compact
+        for layer, module in enumerate(attention_modules(papa))
+        if getattr(module, "papa_heads", None) is not None and module.papa_heads.const
+    }
+    store = resolve_dtype(dtype or config.papa_constants_dtype)
+    layout = None
+    if not trainable_constants:
+        band, rank = getattr(config, "papa_compact_band", None), getattr(config, "papa_compact_rank", None)
+        pairs = getattr(config, "papa_calibrated_on", None) == "pairs"
+        layout = layout_for(storage, int(config.papa_max_length), pairs, band, rank)
+    dropped = ("model_type", "architectures", "auto_map", "transformers_version", "_name_or_path")
+    fields = {k: v for k, v in config.to_dict().items() if k not in dropped}
+    fields.update(
+        papa_trainable_constants=bool(trainable_constants),
+        papa_compact_band=None if layout is None else layout.band,
+        papa_compact_rank=None if layout is None else layout.rank,
+        papa_constants_dtype=str(store).replace("torch.", ""),
+    )
+    new_config = papa_config_class(family.model_type)(**fields)
+    cls = papa_model_class(family.model_type, _auto_class_of(papa, family))
+    with torch.device("meta"):
+        skeleton = cls(new_config)
+    layer_of = {id(m): i for i, m in enumerate(attention_modules(skeleton))}
+    old_state = papa.state_dict()
+    parts: dict[int, dict[str, torch.Tensor]] = {}
+    state: dict[str, torch.Tensor] = {}
+    for key, meta in skeleton.state_dict().items():
+        prefix, _, local = key.rpartition(".")
+        if local == "papa_constants":
+            state[key] = constants[layer_of[id(skeleton.get_submodule(prefix))]]
+        elif local in COMPACT_PARTS:
+            layer = layer_of[id(skeleton.get_submodule(prefix))]
+            if layer not in parts:
+                parts[layer] = compact_parts(constants[layer], layout, meta.dtype)
+            state[key] = parts[layer][local]
+        else:
+            state[key] = old_state[key]
+        state[key] = state[key].detach().to(meta.dtype, copy=True)  # never shared with ``papa`` (see above)
+    param = next(papa.parameters())
+    rebuilt, info = cls.from_pretrained(
+        None,
+        config=new_config,
+        state_dict=state,
+        dtype=param.dtype,
+        attn_implementation=config._attn_implementation,
+        output_loading_info=True,
+    )
+    problems = {k: v for k, v in info.items() if v and k in ("missing_keys", "unexpected_keys", "mismatched_keys")}
+    if problems:
+        raise RuntimeError(f"rebuilding the PAPA model left weights unmatched: {problems}")
+    rebuilt.config.architectures = [cls.__name__]
+    rebuilt.config.auto_map = auto_map(family)
+    rebuilt.papa_recipe = getattr(papa, "papa_recipe", None)
+    return rebuilt.to(param.device).eval()
 
 
 def linear_names(family, heads, num_layers: int, num_heads: int) -> dict[str, list[int]]:

@@ -164,6 +164,13 @@ class SweepArtifacts:
         distill = DistillOptions(**{f"distill_{k}": v for k, v in self.config.distill_options.items()})
         return self.flow.constants(kind, corpus=corpus, max_length=length, heads=heads, distill=distill)
 
+    def heal(self, model, spec: str, task):
+        """``model`` (converted for a cell) healed toward the source on the cell's calibration corpus."""
+        from ..options import HealOptions
+
+        corpus = self.open_corpus(spec, task)
+        return self.flow.heal(model, corpus, HealOptions(**self.config.heal_options))
+
     # ---------------------------------------------------------------------------------------- ranking
     def ranking(self, method: str, spec: str, task, length: int, seed: int):
         from .. import registry

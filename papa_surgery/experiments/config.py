@@ -47,6 +47,9 @@ class SweepConfig:
         cache_gb: memory budget for the probe's cached hidden states.
         save_artifacts: save constants and rankings in ``<results>.artifacts/`` (and reuse them on resume).
         rank_options: extra keyword arguments for ``ranking.lambda_rank`` training (lambda methods only).
+        heal_options: :class:`papa_surgery.options.HealOptions` fields (``steps``, ``train``, ...); given, every
+            kind's converted model is also healed on the cell's calibration corpus and scored as the kind
+            ``<kind>+healed`` (``registry.healed_label``); empty (the default): no healing.
         distill_options: keyword arguments for ``distill.distill`` (``steps``, ``objective``, ``lr``) of the
             ``distilled`` kind, which distils the calibrated average for each cell's constant heads.
         label: the model's name in the results (default ``model``; e.g. a Hub id for a local copy).
@@ -74,6 +77,7 @@ class SweepConfig:
     save_artifacts: bool = True
     rank_options: dict = field(default_factory=dict, hash=False)
     distill_options: dict = field(default_factory=dict, hash=False)
+    heal_options: dict = field(default_factory=dict, hash=False)
     label: str | None = None
 
     @property
@@ -114,6 +118,17 @@ class SweepConfig:
             )
         for kind in _as_tuple(self.kinds) or ("",):
             registry.kind(kind, sweeps=True)
+        if self.heal_options:
+            from ..options import HealOptions
+
+            HealOptions(**self.heal_options)  # the same checks as the command line's
+            labeled = [k for k in _as_tuple(self.kinds) if registry.kind(k, sweeps=True).sweeps_only]
+            if labeled:
+                raise ArgumentError(
+                    "heal_options",
+                    f"the {labeled[0]!r} kind trains its constants with each cell's probe: it has no converted model "
+                    "to heal; sweep it without healing",
+                )
         for method in _as_tuple(self.methods) or ("",):
             registry.method(method)
         for spec in self.corpora:
@@ -147,19 +162,25 @@ class SweepConfig:
                 if "distilled" in _as_tuple(self.kinds)
                 else {}
             ),
+            **(
+                {"heal_options": {k: self.heal_options[k] for k in sorted(self.heal_options)}}
+                if self.heal_options
+                else {}
+            ),
         }
 
     def cells(self) -> list[Cell]:
         """Every cell of the sweep, in the order it runs (seeds innermost, so a converted model serves all).
 
-        Equal cells (``0.5`` and ``1/2``, a repeated kind...) appear once.
+        Equal cells (``0.5`` and ``1/2``, a repeated kind...) appear once. With ``heal_options`` every kind is
+        followed by its healed twin (``average``, ``average+healed``, ...).
         """
         from ..tasks.registry import get_task
 
         out, seen = [], set()
         for task in _as_tuple(self.tasks):
             for corpus in self.corpora:
-                for kind in _as_tuple(self.kinds):
+                for kind in self._labels():
                     for method in _as_tuple(self.methods):
                         for fraction in _as_tuple(self.fractions):
                             for seed in self.seed_list:
@@ -176,6 +197,11 @@ class SweepConfig:
                                     seen.add(cell.key)
                                     out.append(cell)
         return out
+
+    def _labels(self) -> list[str]:
+        """The kinds of the cells: each kind, then its healed twin when the sweep heals."""
+        kinds = _as_tuple(self.kinds)
+        return [label for k in kinds for label in ((k, registry.healed_label(k)) if self.heal_options else (k,))]
 
 
 def parse_fractions(text: str | Sequence[float]) -> tuple[float, ...]:

@@ -20,7 +20,7 @@ import contextlib
 import logging
 from pathlib import Path
 
-from .. import __version__
+from .. import __version__, registry
 from ..distributed import broadcast_from_main, is_main_process, on_main, world_size
 from ..outputs.overwrite import check_results_file
 from .artifacts import SweepArtifacts
@@ -68,8 +68,10 @@ class _Cells:
         """Convert the cell's model (unless the previous cell's is the same) and run the job on it."""
         art = self.art
         length = art.length(task)
-        kind, method, spec, fraction, seed = cell.kind, cell.method, cell.corpus, cell.fraction, cell.seed
+        label, method, spec, fraction, seed = cell.kind, cell.method, cell.corpus, cell.fraction, cell.seed
+        kind, healed = registry.split_healed(label)
         heads = art.heads_for(fraction, method, spec, task, length, seed)
+        healed = healed and bool(heads)  # fraction 0 is the source: nothing to heal
         # Constants matter only for constant heads: fraction 0 is the source whatever the kind or corpus.
         constants = art.constants_for(kind if heads else "zeros", spec, task, length, heads=heads)
         calibrated = bool(heads) and kind in ("average", "distilled", "labeled-average")
@@ -78,7 +80,7 @@ class _Cells:
             task.name,
             length,
             tuple(map(tuple, heads)),
-            (kind, spec if calibrated else None) if heads else None,
+            (kind, spec if calibrated or healed else None, healed) if heads else None,
         )
         corpus_info = {
             "corpus": spec,
@@ -100,13 +102,17 @@ class _Cells:
                 method=method,
                 trainable_constants=labeled,  # labeled kinds: trained with this cell's probe, never shared
             )
+            if healed:  # toward the source, on the cell's calibration corpus
+                model = art.heal(model, spec, task)
             self.current = None if labeled else (identity, model, self.job.shared_state())
         state = None
         if not labeled:
             _, model, state = self.current
         scored = self.job.run(model, art.tokenizer, task, seed, art.progress, shared=state, labeled=labeled)
         fields = {"constant_heads": len(heads), "num_heads_total": art.total_heads, "max_length": length, **scored}
-        self.results[(identity, seed)] = (fields, {"kind": kind, "method": method, "corpus": spec})
+        if healed:
+            fields["healing"] = healing_summary(model.papa_recipe["healing"])
+        self.results[(identity, seed)] = (fields, {"kind": label, "method": method, "corpus": spec})
         return {**fields, **corpus_info}
 
     def run_checkpoint_cell(self, cell: Cell, task) -> dict:
@@ -130,7 +136,13 @@ def _checkpoint_cells(config: SweepConfig, model_config) -> list[Cell]:
     if fraction is None:
         fraction = len(model_config.papa_constant_heads or []) / (heads * layers)
     kind = getattr(model_config, "papa_kind", None) or "average"
+    if _recipe(config.model).get("healing"):
+        kind = registry.healed_label(kind)
     method = getattr(model_config, "papa_method", None) or "given"
+    if config.heal_options:
+        raise ValueError(
+            f"{config.model} is a PAPA checkpoint: heal it with papa-surgery heal, then probe the healed checkpoint"
+        )
     if tuple(config.fractions) not in (DEFAULT_FRACTIONS, (float(fraction),)) or len(config.kinds) > 1:
         raise ValueError(
             f"{config.model} is a PAPA checkpoint (fraction {fraction:g}, kind {kind}): it is probed as it is; "
@@ -216,6 +228,22 @@ def run_sweep(
                 on_main(append_row, out_path, row)
                 done[cell_key(row)] = row
     return [done[c.key] for c in cells]
+
+
+def _recipe(model: str) -> dict:
+    """The ``papa_recipe.json`` of a local checkpoint folder (``{}``: none, or not a folder)."""
+    from ..conversion.inspection import read_recipe
+
+    return read_recipe(Path(model)) if Path(model).is_dir() else {}
+
+
+def healing_summary(record: dict) -> dict:
+    """What a healed cell's row keeps of the healing record: how it trained and the held-out agreement."""
+    keep = ("train", "steps", "batch_size", "objective", "lr", "constants_lr", "seconds", "training_examples")
+    out = {k: record.get(k) for k in keep}
+    for when in ("before", "after"):
+        out[f"heldout_sentence_cosine_{when}"] = (record.get(f"heldout_{when}") or {}).get("sentence_cosine")
+    return out
 
 
 def _config_of(config: SweepConfig):

@@ -1,9 +1,14 @@
 """Healing: label-free training of a converted model toward its source (more than averaging can give).
 
-``distill``: the ``distilled`` kind, the heads' constant matrices trained to reproduce the source's hidden
-states (every other weight frozen).
+Read in the order a run uses them: ``sentence`` (a sentence-transformers source's pooling and normalisation),
+``objective`` (what is matched: hidden states of every layer, the sentence embedding), ``trainable`` (what trains:
+LoRA, every layer weight, or the constants; folded back into a plain PAPA model), ``loop`` (steps, schedule,
+processes), ``state`` (the resume file), ``agreement`` (held-out measures), ``run`` (one healing run,
+``heal_model``), ``distillation`` (the ``distilled`` kind: the constants only), ``api`` (``papa_surgery.heal``,
+which runs the workflow and so is imported from ``papa_surgery`` lazily, not here).
 """
 
 from .distillation import distill
+from .run import heal_model
 
-__all__ = ["distill"]
+__all__ = ["distill", "heal_model"]

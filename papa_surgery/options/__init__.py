@@ -28,16 +28,19 @@ from .checks import (
     click_options,
     from_kwargs,
     opt,
+    optional_group,
     split_kwargs,
 )
 from .groups import (
     DEFAULT_CORPUS_HELP,
+    HEAL_WITH_SOURCE,
     AnalyzeOptions,
     CalibrationOptions,
     ConvertOptions,
     DistillOptions,
     FileOutputOptions,
     FinetuneOptions,
+    HealOptions,
     PushOptions,
     RankOptions,
     RunOptions,
@@ -46,6 +49,7 @@ from .groups import (
 
 __all__ = [
     "DEFAULT_CORPUS_HELP",
+    "HEAL_WITH_SOURCE",
     "FRACTION",
     "POSITIVE_FLOAT",
     "POSITIVE_INT",
@@ -60,6 +64,7 @@ __all__ = [
     "DistillOptions",
     "FileOutputOptions",
     "FinetuneOptions",
+    "HealOptions",
     "FractionListType",
     "FractionType",
     "PushOptions",
@@ -71,6 +76,7 @@ __all__ = [
     "flag",
     "from_kwargs",
     "opt",
+    "optional_group",
     "spell",
     "split_kwargs",
 ]

@@ -195,24 +195,42 @@ def _check(name: str, meta: dict, value):
     return value
 
 
-def click_options(cls, only: tuple[str, ...] | None = None):
-    """Decorator adding one click option per field of the dataclass ``cls`` (in field order; ``only`` those)."""
+def _prefixed(name: str, prefix: str | None) -> str:
+    return f"{prefix}_{name}" if prefix else name
+
+
+def click_options(cls, only: tuple[str, ...] | None = None, prefix: str | None = None, switch: str | None = None):
+    """Decorator adding one click option per field of the dataclass ``cls`` (in field order; ``only`` those).
+
+    ``prefix`` names the options ``--<prefix>-<name>`` (parameter ``<prefix>_<name>``) where a command holds the
+    group as an optional extra beside options it would clash with (``convert --heal-steps`` beside the lambda
+    ranking's ``--steps``): they default to unset, the help says the group's default, and
+    :func:`optional_group` reads them back (``None`` unless the group's ``switch`` option is given).
+    """
 
     def decorate(func):
         for f in reversed(dataclasses.fields(cls)):
             if "help" not in f.metadata or not f.metadata["cli"] or (only is not None and f.name not in only):
                 continue
             meta = f.metadata
-            names = [meta["flag"] or flag(f.name)]
-            if meta["short"]:
+            name = _prefixed(f.name, prefix)
+            names = [flag(name) if prefix else meta["flag"] or flag(name)]
+            if meta["short"] and not prefix:
                 names.insert(0, meta["short"])
             kwargs = dict(meta["click"])
-            if kwargs.get("is_flag"):
+            help_text = meta["help"]
+            if prefix:  # unset unless given: the group is off without its switch (optional_group)
+                if f.name == switch:
+                    help_text += f" Off unless given; the other {flag(prefix)}-* options then apply."
+                elif f.default is not None and not kwargs.get("is_flag"):
+                    help_text += f" [default: {f.default}]"
+                kwargs["required"] = False
+            elif kwargs.get("is_flag"):
                 kwargs.setdefault("default", bool(f.default))
             elif f.default is not None and not isinstance(f.default, dataclasses._MISSING_TYPE):
                 kwargs.setdefault("default", f.default)  # click 8.2+ treats default=None as a value when required
                 kwargs.setdefault("show_default", True)
-            func = click.option(*names, f.name, help=meta["help"], **kwargs)(func)
+            func = click.option(*names, name, help=help_text, **kwargs)(func)
         return func
 
     return decorate
@@ -222,6 +240,22 @@ def from_kwargs(cls, kwargs: dict):
     """Build ``cls`` from parsed click values (or API keyword arguments), ignoring keys of other option groups."""
     names = {f.name for f in dataclasses.fields(cls)}
     return cls(**{k: v for k, v in kwargs.items() if k in names})
+
+
+def optional_group(cls, kwargs: dict, prefix: str, switch: str):
+    """``cls`` from options added with ``click_options(cls, prefix=prefix)``, or ``None`` when ``--<prefix>-<switch>``
+    is not given (the group is off); another of its options without the switch is a usage error."""
+    given = {
+        f.name: kwargs[_prefixed(f.name, prefix)]
+        for f in dataclasses.fields(cls)
+        if kwargs.get(_prefixed(f.name, prefix)) not in (None, False)
+    }
+    if switch not in given:
+        if given:
+            name = _prefixed(next(iter(given)), prefix)
+            raise ArgumentError(name, f"does nothing without {flag(_prefixed(switch, prefix))}")
+        return None
+    return cls(**given)
 
 
 def split_kwargs(kwargs: dict, *classes) -> tuple:

@@ -61,6 +61,66 @@ class DistillOptions(Checked):
 
 
 @dataclass(frozen=True)
+class HealOptions(Checked):
+    """How a converted model heals: label-free distillation toward its source (``papa-surgery heal``).
+
+    ``convert``, ``probe`` and ``finetune`` take the same options as ``--heal-<name>`` (``--heal-steps N`` heals
+    what they convert); ``lr=None`` is the training mode's default (``registry.TRAIN_MODES``).
+    """
+
+    steps: int = opt("Optimisation steps (the step budget), one batch of examples each.", 400, type=POSITIVE_INT)
+    train: str = opt(
+        "What trains: " + "; ".join(f"{m.name}: {m.summary}" for m in registry.TRAIN_MODES.values()) + ".",
+        registry.DEFAULT_TRAIN,
+        type=click.Choice(tuple(registry.TRAIN_MODES)),
+    )
+    lr: float | None = opt(
+        "Peak learning rate of the trained weights (default: "
+        + ", ".join(f"{m.name} {m.lr:g}" for m in registry.TRAIN_MODES.values() if m.lr)
+        + "); warm-up then cosine decay.",
+        type=POSITIVE_FLOAT,
+    )
+    constants_lr: float = opt("Peak learning rate of the constants (Adam on log C).", 0.01, type=POSITIVE_FLOAT)
+    objective: str = opt(
+        "What the healed model matches: every layer's hidden states (variance-normalised) or the last's, and/or the "
+        "sentence-transformers embedding; auto: layers+embedding for a sentence-transformers source, else layers.",
+        "auto",
+        type=click.Choice(registry.HEAL_OBJECTIVES),
+    )
+    embedding_weight: float = opt("Weight of the sentence-embedding term (1 - cos).", 1.0,
+                                  type=click.FloatRange(min=0))  # fmt: skip
+    warmup: float = opt("Share of the steps spent warming the learning rate up.", 0.06,
+                        type=click.FloatRange(0, 1, max_open=True))  # fmt: skip
+    heldout: int = opt("Corpus examples held out to measure the agreement with the source.", 200, type=POSITIVE_INT)
+    eval_every: int | None = opt(
+        "Measure the held-out agreement (and save the resume state) every this many steps (default: a fifth of the "
+        "steps).",
+        type=POSITIVE_INT,
+    )
+    lora_rank: int = opt("Rank of the LoRA adapters (training lora).", 16, type=POSITIVE_INT)
+    teacher: str | None = opt(
+        "The source model to heal toward (a Hub id, a folder, or minilm). Default: the source named in the "
+        "checkpoint's papa_recipe.json."
+    )
+
+    def learning_rate(self) -> float:
+        """The trained weights' peak learning rate: the given one or the mode's default."""
+        mode = registry.train_mode(self.train)
+        return self.lr if self.lr is not None else (mode.lr or self.constants_lr)
+
+    def evaluation_interval(self) -> int:
+        return self.eval_every if self.eval_every is not None else max(1, self.steps // 5)
+
+    def kwargs(self) -> dict:
+        """The options a run converting its own model records (no teacher: the source teaches)."""
+        return {k: v for k, v in dataclasses.asdict(self).items() if k != "teacher"}
+
+
+# ``convert``, ``probe`` and ``finetune`` heal what they convert, so their source is the teacher: no --heal-teacher.
+HEAL_WITH_SOURCE = tuple(f.name for f in dataclasses.fields(HealOptions) if f.name != "teacher")
+
+
+@dataclass(frozen=True)
 class RankOptions(Checked):
     """How heads are ordered for replacement (paper 3.2, 5.4)."""
 

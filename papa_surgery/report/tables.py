@@ -55,8 +55,14 @@ TABLE1_KINDS = ("identity", "toeplitz", "zeros", "labeled-toeplitz", "labeled-av
 
 
 def table1_order(kinds: list[str]) -> list[str]:
-    """Kinds in the paper's Table 1 order (Identity ... Average), then any other kind as it first appeared."""
-    return [k for k in TABLE1_KINDS if k in kinds] + [k for k in kinds if k not in TABLE1_KINDS]
+    """Kinds in the paper's Table 1 order (Identity ... Average), then any other kind as it first appeared; a healed
+    twin (``average+healed``) right after its kind."""
+    from ..registry import healed_label, split_healed
+
+    plain = [k for k in kinds if not split_healed(k)[1]]
+    plain = [k for k in TABLE1_KINDS if k in plain] + [k for k in plain if k not in TABLE1_KINDS]
+    order = [label for k in plain for label in (k, healed_label(k)) if label in kinds]
+    return order + [k for k in kinds if k not in order]
 
 
 def table_kinds(rows, fraction: float = 1.0, corpus: str | None = None) -> str:

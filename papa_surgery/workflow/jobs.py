@@ -19,6 +19,7 @@ from ..options import (
     CalibrationOptions,
     ConvertOptions,
     DistillOptions,
+    HealOptions,
     PushOptions,
     RankOptions,
     RunOptions,
@@ -77,8 +78,10 @@ def run_convert(
     command: str | None = None,
     progress: bool = True,
     distill: DistillOptions | None = None,
+    heal: HealOptions | None = None,
 ) -> Path:
-    """``papa-surgery convert``: calibrate (or read constants), rank, convert, write the checkpoint (and push).
+    """``papa-surgery convert``: calibrate (or read constants), rank, convert, heal (with ``heal``), write the
+    checkpoint (and push).
 
     Returns the checkpoint folder.
     """
@@ -110,6 +113,7 @@ def run_convert(
     method = None if ranking else registry.method(rank.resolved_method)
     if method is not None and given is None and method.constants is not None:
         reads_corpus = True  # the ranking calibrates what it reads
+    reads_corpus = reads_corpus or heal is not None  # healing trains on the calibration corpus
     corpus = open_corpus(cal.corpus, pairs=cal.pairs, max_examples=cal.max_examples) if reads_corpus else None
     preflight_ranking(rank)
     flow = _workflow(model_name, run, source, progress)
@@ -146,17 +150,88 @@ def run_convert(
         command=command,
         record=source_record(model_name, path, info),
     )
+    if heal is not None:
+        from ..healing.state import HealState, state_path
+
+        papa = flow.heal(papa, corpus, heal, max_examples=cal.max_examples, state_path=state_path(out))
     agree()  # under torchrun / accelerate launch: rank 0 writes and pushes, once every rank is done
     if not is_main_process():
         return out
     save_checkpoint(
         papa, out, tokenizer=flow.tokenizer, recipe=papa.papa_recipe, overwrite=conv.overwrite, results=conv.results
     )
+    if heal is not None:
+        HealState(state_path(out), "").remove()
     if do_push:
         from ..conversion.hub import push as hub_push
 
         hub_push(out, repo_id, private=push.private, revision=push.revision, create_pr=push.create_pr)
     return out
+
+
+def run_heal(
+    checkpoint: str,
+    cal: CalibrationOptions,
+    heal: HealOptions,
+    run: RunOptions,
+    out: str,
+    *,
+    overwrite: bool = False,
+    command: str | None = None,
+    progress: bool = True,
+) -> Path:
+    """``papa-surgery heal``: a PAPA checkpoint healed toward its source, written as a new checkpoint.
+
+    A run stopped midway (Ctrl-C, SIGTERM, a crash) writes no checkpoint; its resume state, kept beside ``out``
+    from the last evaluation on, lets the same command go on from there. Returns the checkpoint folder.
+    """
+    from ..conversion.checkpoint import check_output_dir, save_checkpoint
+    from ..healing.run import teacher_name
+    from ..healing.state import HealState, state_path
+    from ..models.families import is_papa_config
+    from ..models.sources import load_model, resolve_model
+
+    out_dir = Path(out)
+    check_output_dir(out_dir, overwrite, reading=[resolve_model(checkpoint)])
+    path, config, _, _ = _source(checkpoint)
+    if not is_papa_config(config):
+        raise ArgumentError(
+            "checkpoint",
+            f"{checkpoint} is not a PAPA checkpoint: convert it first (papa-surgery convert, whose "
+            f"{spell('heal_steps')} heals while converting)",
+        )
+    pairs = getattr(config, "papa_calibrated_on", None) == "pairs"
+    corpus = open_corpus(cal.corpus, pairs=pairs, max_examples=cal.max_examples)
+    student, tokenizer = load_model(checkpoint, run)
+    student.papa_recipe = _recipe_of(path)
+    teacher = teacher_name(student, heal.teacher)
+    _, teacher_config, source, _ = _source(teacher)
+    check_source_config(teacher_config, teacher)
+    flow = _workflow(teacher, run, source, progress)
+    state = state_path(out_dir)
+    healed = flow.heal(student, corpus, heal, max_examples=cal.max_examples, state_path=state)
+    healed.papa_recipe["healing"]["command"] = command
+    agree()  # under torchrun / accelerate launch: rank 0 writes, once every rank is done
+    if is_main_process():
+        save_checkpoint(healed, out_dir, tokenizer=tokenizer, recipe=healed.papa_recipe, overwrite=overwrite)
+        HealState(state, "").remove()
+    return out_dir
+
+
+def _recipe_of(path: str) -> dict:
+    """The ``papa_recipe.json`` of a checkpoint folder or Hub repository (``{}`` when it has none)."""
+    from ..conversion.inspection import read_recipe
+
+    if Path(path).is_dir():
+        return read_recipe(Path(path))
+    try:
+        import json
+
+        from huggingface_hub import hf_hub_download
+
+        return json.loads(Path(hf_hub_download(path, "papa_recipe.json")).read_text(encoding="utf-8"))
+    except Exception:  # offline, or a checkpoint published without it: the config names the source
+        return {}
 
 
 def run_calibrate(

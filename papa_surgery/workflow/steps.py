@@ -1,4 +1,4 @@
-"""The one workflow: constants -> ranking -> PAPA model with its recipe, for one loaded source model.
+"""The one workflow: constants -> ranking -> PAPA model with its recipe (-> healed), for one loaded source model.
 
 :class:`Workflow` decides, once, which constants a kind needs and how they are made, which constants and data a
 ranking method reads, and how a converted model records its provenance; the registry
@@ -10,6 +10,7 @@ pass a :class:`Cache` that keeps constants and rankings between cells and on dis
     constants = flow.constants("average")           # the default corpus, at the source's own length (256 here)
     ranking = flow.ranking("variance", constants=constants)
     papa = flow.convert(constants, ranking, fraction=0.5)                  # papa.papa_recipe: how to redo it
+    healed = flow.heal(papa, corpus=None, options=HealOptions(steps=400))  # toward the source, label-free
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import Any
 
 from .. import registry
 from ..calibration.corpus import Corpus, default_corpus, load_corpus
-from ..options import ArgumentError, DistillOptions, RunOptions, spell
+from ..options import ArgumentError, DistillOptions, HealOptions, RunOptions, spell
 
 logger = logging.getLogger("papa_surgery")
 
@@ -305,6 +306,35 @@ class Workflow:
         papa.papa_recipe["source"].update(record if record is not None else self.local or {})
         papa.papa_recipe["processes"] = world_size()
         return papa
+
+    # -------------------------------------------------------------------------------------------- healing
+    def heal(self, papa, corpus=None, options: HealOptions | None = None, *, max_examples=None, state_path=None):
+        """``papa`` healed toward this workflow's source model (the teacher) on ``corpus``.
+
+        ``corpus=None`` reads the default corpus (sentence pairs need one given). ``options``: steps, what trains,
+        learning rates, objective (:class:`~papa_surgery.options.HealOptions`); the batch size, seed and device
+        are the workflow's. The returned model's ``papa_recipe["healing"]`` records the run and its held-out
+        agreement before and after (:func:`papa_surgery.healing.heal_model`).
+        """
+        from ..healing.run import heal_model
+
+        pairs = getattr(papa.config, "papa_calibrated_on", None) == "pairs"
+        if not isinstance(corpus, Corpus):
+            corpus = open_corpus(corpus, pairs=pairs, max_examples=max_examples)
+        return heal_model(
+            papa,
+            self.model,
+            self.tokenizer,
+            corpus,
+            options,
+            batch_size=self.run.batch_size,
+            seed=self.run.seed,
+            device=self.run.device,
+            max_examples=max_examples,
+            progress=self.progress,
+            state_path=state_path,
+            teacher_name=self.source,
+        )
 
 
 def _local_source(name_or_path: str | None) -> dict | None:

@@ -1,0 +1,179 @@
+"""What trains while a converted model heals, and how it is folded back into a plain PAPA model.
+
+- ``constants``: only the constant heads' matrices (the ``distilled`` kind; every other weight bit-identical);
+- ``lora``: LoRA adapters (peft) on the Linear layers that remain in every transformer layer (value, attention
+  output, feed-forward; never the query/key projections, so no removed head comes back), plus the constants;
+  merged into the weights at the end;
+- ``full``: every weight of the transformer layers, plus the constants.
+
+The embeddings stay frozen in every mode: the token, position and type embeddings are the source's, so a word the
+healing corpus never showed keeps the input the source gives it (trained embeddings drift for the corpus's words
+only, and text of another source then meets two vocabularies). The constants train as ``exp(theta)`` with
+``theta`` initialised at ``log C``: non-negative, and an Adam step moves a cell in proportion to its size. Each
+attention module holds its ``papa_theta`` parameter and a forward pre-hook sets ``papa_constants = exp(theta)``
+before it runs (the shipped runtime reads ``papa_constants`` and is not changed; the hooks go with :func:`finish`).
+The architecture never changes: :func:`finish` returns the class a checkpoint loads, with
+its constants frozen and stored as before, and no peft (a healed checkpoint loads without it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from torch import nn
+
+from ..registry import TRAIN_MODES
+
+FLOOR = 1e-8  # exp(theta) never reaches an exact zero; cells below this start at it
+
+
+@dataclass
+class Trainable:
+    """A student ready to train: the module to call, its parameter groups, and how to fold it back."""
+
+    model: nn.Module  # what the loop calls (a peft model for ``lora``)
+    student: nn.Module  # the PAPA model underneath
+    mode: str
+    constants: list[nn.Parameter]  # theta of each layer with constant heads
+    weights: list[nn.Parameter]  # the other trained parameters (LoRA adapters or layer weights)
+    targets: tuple[str, ...] = ()  # the modules LoRA adapts
+    hooks: list = field(default_factory=list)  # the pre-hooks that set papa_constants = exp(theta)
+
+    @property
+    def parameters(self) -> dict[str, nn.Parameter]:
+        """Every trained parameter by name (resume state)."""
+        ids = {id(p) for p in (*self.constants, *self.weights)}
+        return {n: p for n, p in self.model.named_parameters() if id(p) in ids}
+
+    def count(self) -> int:
+        return sum(p.numel() for p in (*self.constants, *self.weights))
+
+
+def prepare(papa, mode: str, lora_rank: int = 16, lora_alpha: float | None = None) -> Trainable:
+    """A trainable copy of the PAPA model ``papa`` (never changed) for ``mode`` (``TRAIN_MODES``)."""
+    from ..conversion.surgery import rebuild_papa_model
+
+    if mode not in TRAIN_MODES:
+        raise ValueError(f"unknown training mode {mode!r}; choose one of {', '.join(TRAIN_MODES)}")
+    student = rebuild_papa_model(papa, trainable_constants=True, storage="dense", dtype="float32")
+    student.eval()  # no dropout: the targets are deterministic and so is the student
+    for p in student.parameters():
+        p.requires_grad_(False)
+    thetas, hooks = _log_constants(student)
+    if mode == "constants":
+        return Trainable(student, student, mode, thetas, [], hooks=hooks)
+    if mode == "full":
+        frozen = {id(p) for p in _embedding_parameters(student)} | {id(t) for t in thetas}
+        weights = [p for name, p in student.named_parameters() if id(p) not in frozen and _in_layers(name, student)]
+        for p in weights:
+            p.requires_grad_(True)
+        return Trainable(student, student, mode, thetas, weights, hooks=hooks)
+    targets = lora_targets(student)
+    model = _with_lora(student, targets, lora_rank, lora_alpha)
+    for theta in thetas:
+        theta.requires_grad_(True)  # peft froze every parameter but its adapters
+    weights = [p for name, p in model.named_parameters() if "lora_" in name]
+    return Trainable(model, student, mode, thetas, weights, targets, hooks)
+
+
+def finish(trained: Trainable, storage: str = "auto", dtype=None):
+    """The healed PAPA model: LoRA merged, constants frozen and stored as ``storage`` (and ``dtype``), eval mode."""
+    from ..conversion.surgery import rebuild_papa_model
+    from ..hub_code.modeling_papa import attention_modules
+
+    student = trained.student
+    if trained.mode == "lora":
+        student = trained.model.merge_and_unload()  # W + B A scaled, in place: plain Linear layers again
+    for hook in trained.hooks:
+        hook.remove()
+    for module in attention_modules(student):
+        theta = module._parameters.pop("papa_theta", None)
+        if theta is not None:
+            module.__dict__.pop("papa_constants", None)
+            module.papa_constants = nn.Parameter(theta.detach().exp(), requires_grad=False)
+    return rebuild_papa_model(student, trainable_constants=False, storage=storage, dtype=dtype)
+
+
+def _log_constants(student) -> tuple[list[nn.Parameter], list]:
+    """Give every layer with constant heads a trainable ``papa_theta = log C`` and a pre-hook setting
+    ``papa_constants = exp(theta)``; the thetas and the hooks."""
+    from ..hub_code.modeling_papa import attention_modules
+
+    thetas, hooks = [], []
+    for module in attention_modules(student):
+        constants = module._parameters.get("papa_constants")
+        if constants is None:
+            continue
+        del module.papa_constants  # a plain attribute from now on, set from theta before every forward
+        module.papa_theta = nn.Parameter(constants.detach().float().clamp_min(FLOOR).log())  # (Hc, L, L)
+        _set_constants(module, ())
+        hooks.append(module.register_forward_pre_hook(_set_constants))
+        thetas.append(module.papa_theta)
+    return thetas, hooks
+
+
+def _set_constants(module, args) -> None:
+    module.papa_constants = module.papa_theta.exp()  # (Hc, L, L), non-negative by construction
+
+
+def _embedding_parameters(model) -> list[nn.Parameter]:
+    """The parameters of the embedding modules (token, position and type embeddings and their norm)."""
+    out = []
+    for name, module in model.named_modules():
+        if isinstance(module, nn.Embedding) or name.rsplit(".", 1)[-1].startswith("embed"):
+            out.extend(module.parameters())
+    return out
+
+
+def _layer_prefixes(model) -> list[str]:
+    """The qualified names of the transformer layers (``encoder.layer.3``): each attention module's path cut
+    after its first numeric part."""
+    from ..hub_code.modeling_papa import attention_modules
+
+    names = {id(m): n for n, m in model.named_modules()}
+    prefixes = []
+    for module in attention_modules(model):
+        parts = names[id(module)].split(".")
+        index = next(i for i, part in enumerate(parts) if part.isdigit())
+        prefixes.append(".".join(parts[: index + 1]))
+    return prefixes
+
+
+def _in_layers(name: str, model) -> bool:
+    return any(name.startswith(prefix + ".") for prefix in _layer_prefixes(model))
+
+
+def lora_targets(model) -> tuple[str, ...]:
+    """Every ``nn.Linear`` inside the transformer layers but the query/key projections: what LoRA adapts.
+
+    A fused projection that also holds the values (ModernBERT's ``Wqkv``, DeBERTa's ``in_proj``) is adapted: its
+    query/key rows are the kept heads' only.
+    """
+    from ..models.families import get_family
+
+    family = get_family(model)
+    skip = set() if family.q == family.v else {family.q, family.k}
+    prefixes = _layer_prefixes(model)
+    return tuple(
+        name
+        for name, module in model.named_modules()
+        if isinstance(module, nn.Linear)
+        and any(name.startswith(p + ".") for p in prefixes)
+        and name.rsplit(".", 1)[-1] not in skip
+    )
+
+
+def _with_lora(student, targets: tuple[str, ...], rank: int, alpha: float | None):
+    """``student`` wrapped by peft with LoRA adapters on ``targets`` (exact module names)."""
+    try:
+        from peft import LoraConfig, get_peft_model
+    except ImportError as err:  # a dependency of papa-surgery: only a broken install lacks it
+        raise ImportError("train='lora' needs peft: pip install 'peft>=0.15' (or train='full')") from err
+    config = LoraConfig(
+        r=rank,
+        lora_alpha=alpha if alpha is not None else rank,
+        target_modules=list(targets),
+        lora_dropout=0.0,
+        bias="none",
+    )
+    return get_peft_model(student, config)

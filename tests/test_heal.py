@@ -1,0 +1,335 @@
+"""Healing on tiny models: it lowers the held-out objective, trains only what it says, folds back into a plain PAPA
+model (no peft, no papa-surgery needed to load it), keeps the sentence-transformers pipeline, is deterministic for a
+seed, and a stopped run resumes to exactly the uninterrupted result."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from conftest import SENTENCES
+from test_checkpoint import fresh_python
+
+from papa_surgery.calibration.constants import Constants
+from papa_surgery.conversion.checkpoint import save_checkpoint
+from papa_surgery.conversion.surgery import convert
+from papa_surgery.healing.run import heal_model
+from papa_surgery.options import HealOptions
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+L = 32
+HEADS = [[0, 0], [0, 2], [1, 0], [1, 1], [1, 2], [1, 3]]  # layer 1 attention-free, layer 0 mixed
+WORDS = "the cat sat on a mat and it was good fun but the film is bleak , dull and long .".split()
+CORPUS = [" ".join(WORDS[(i * 7 + j * 3) % len(WORDS)] for j in range(4 + i % 11)) for i in range(72)]
+QUICK = {"steps": 12, "heldout": 12, "eval_every": 4, "lr": 1e-3, "constants_lr": 0.05}
+
+
+@pytest.fixture(scope="module")
+def source(tiny):
+    """The tiny BERT, its tokenizer and uniform constants (far enough from its attention for healing to show)."""
+    return tiny.model("bert"), tiny.tokenizer("bert"), Constants.from_kind("uniform", 2, 4, L)
+
+
+def converted(source):
+    model, tok, constants = source
+    return convert(model, constants, HEADS, tokenizer=tok, kind="average", fraction=0.75)
+
+
+def heal(source, papa=None, batch_size=8, **options):
+    model, tok, _ = source
+    papa = papa if papa is not None else converted(source)
+    settings = HealOptions(**{**QUICK, **options})
+    return heal_model(papa, model, tok, CORPUS, settings, batch_size=batch_size, progress=False, teacher_name="tiny")
+
+
+def state(model) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+@pytest.mark.parametrize("train", ["lora", "full", "constants"])
+def test_healing_lowers_the_heldout_objective(source, train):
+    healed = heal(source, train=train)
+    record = healed.papa_recipe["healing"]
+    before, after = record["heldout_before"], record["heldout_after"]
+    assert after["loss"] < 0.9 * before["loss"], (before, after)
+    assert after["token_cosine"] > before["token_cosine"]
+    assert record["train"] == train and record["steps"] == 12 and record["heldout_examples"] == 12
+    assert [e["step"] for e in record["heldout_during"]] == [4, 8]  # every 4 steps, the last one is "after"
+    assert record["training_examples"] == len(CORPUS) - 12
+    assert record["objective"] == "layers"  # a plain transformers source: no sentence-transformers pipeline
+
+
+def test_constants_training_leaves_every_other_weight_bit_identical(source):
+    papa = converted(source)
+    start = state(papa)
+    healed = heal(source, papa, train="constants")
+    assert state(papa).keys() == start.keys() and all(torch.equal(v, start[k]) for k, v in state(papa).items())
+    after = state(healed)
+    assert after.keys() == start.keys()
+    moved = sorted(k for k in after if not torch.equal(after[k], start[k]))
+    assert moved and all(k.endswith("papa_constants") for k in moved), moved
+    assert all((after[k] >= 0).all() for k in moved)
+
+
+def test_lora_and_full_change_only_what_they_train_and_keep_the_architecture(source):
+    papa = converted(source)
+    start = state(papa)
+    for train in ("lora", "full"):
+        after = state(heal(source, papa, train=train))
+        assert {k: v.shape for k, v in after.items()} == {k: v.shape for k, v in start.items()}  # no Q/K back
+        moved = {k for k in after if not torch.equal(after[k], start[k])}
+        assert not any("embeddings" in k for k in moved), sorted(moved)
+        assert any(k.endswith("attention.self.value.weight") for k in moved)
+        assert any(k.endswith("intermediate.dense.weight") for k in moved)
+        assert any(k.endswith("papa_constants") for k in moved)
+        if train == "full":  # every layer weight, the kept heads' query/key included
+            assert any(k.endswith("LayerNorm.weight") for k in moved) and any(".query." in k for k in moved)
+        else:  # LoRA adapts the value, output and feed-forward weights only, merged: no bias, norm or query/key
+            assert not any(k.endswith(("bias", "LayerNorm.weight")) for k in moved), sorted(moved)
+            assert not any(".query." in k or ".key." in k for k in moved), sorted(moved)
+
+
+def test_deterministic_for_a_seed(source):
+    model, tok, _ = source
+    first, second = state(heal(source, train="lora")), state(heal(source, train="lora"))
+    assert all(torch.equal(v, second[k]) for k, v in first.items())
+    papa = converted(source)
+    other = heal_model(papa, model, tok, CORPUS, HealOptions(**QUICK), batch_size=8, seed=1, progress=False)
+    assert any(not torch.equal(v, state(other)[k]) for k, v in first.items())
+
+
+def test_a_stopped_run_resumes_to_the_uninterrupted_result(source, tmp_path, monkeypatch):
+    from papa_surgery.healing import state as state_module
+
+    uninterrupted = state(heal(source, train="full"))
+    path = tmp_path / "state.safetensors"
+    real_save, saves = state_module.HealState.save, []
+
+    def save_then_stop(self, *args, **kwargs):
+        real_save(self, *args, **kwargs)
+        saves.append(args[-1])
+        if len(saves) == 2:
+            raise KeyboardInterrupt  # stopped right after the state of step 8 was written
+
+    monkeypatch.setattr(state_module.HealState, "save", save_then_stop)
+    model, tok, _ = source
+    options = HealOptions(**{**QUICK, "train": "full"})
+    with pytest.raises(KeyboardInterrupt):
+        heal_model(converted(source), model, tok, CORPUS, options, batch_size=8, progress=False, state_path=path)
+    assert saves == [4, 8] and path.is_file() and [p.name for p in tmp_path.iterdir()] == ["state.safetensors"]
+    monkeypatch.setattr(state_module.HealState, "save", real_save)
+    resumed = heal_model(converted(source), model, tok, CORPUS, options, batch_size=8, progress=False, state_path=path)
+    assert resumed.papa_recipe["healing"]["resumed_from_step"] == 8
+    assert all(torch.equal(v, uninterrupted[k]) for k, v in state(resumed).items())
+    # Other settings do not resume from that state: they start afresh.
+    other = heal_model(converted(source), model, tok, CORPUS, HealOptions(**{**QUICK, "train": "full", "lr": 2e-3}),
+                       batch_size=8, progress=False, state_path=path)  # fmt: skip
+    assert other.papa_recipe["healing"]["resumed_from_step"] is None
+
+
+LOADER = """
+import sys
+sys.modules["papa_surgery"] = None  # the healed checkpoint needs neither papa-surgery
+sys.modules["peft"] = None  # nor peft
+import torch, transformers
+from safetensors.torch import load_file
+folder, data = sys.argv[1], load_file(sys.argv[2])
+model = transformers.AutoModel.from_pretrained(folder, trust_remote_code=True, attn_implementation="eager").eval()
+inputs = {k: v for k, v in data.items() if k != "expected"}
+with torch.no_grad():
+    got = model(**inputs).last_hidden_state
+print("DIFF", float((got - data["expected"]).abs().max()))
+"""
+
+
+def test_a_healed_checkpoint_loads_in_a_fresh_process_without_papa_surgery_or_peft(source, tmp_path):
+    from safetensors.torch import save_file
+
+    _, tok, _ = source
+    healed = heal(source, train="lora")
+    out = save_checkpoint(healed, tmp_path / "healed", tokenizer=tok, recipe=healed.papa_recipe)
+    recipe = json.loads((out / "papa_recipe.json").read_text())
+    assert recipe["healing"]["train"] == "lora" and recipe["healing"]["heldout_after"]["loss"] > 0
+    assert "## Healing" in (out / "README.md").read_text()
+    enc = tok(SENTENCES, padding=True, return_tensors="pt")
+    with torch.no_grad():
+        expected = healed(**enc).last_hidden_state
+    save_file({**{k: v.contiguous() for k, v in enc.items()}, "expected": expected}, str(tmp_path / "io.safetensors"))
+    result = fresh_python(LOADER, str(out), str(tmp_path / "io.safetensors"), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert float(result.stdout.split("DIFF")[1]) <= 1e-6
+
+
+def test_a_healed_sentence_transformers_checkpoint_still_encodes(tiny, tmp_path):
+    st = pytest.importorskip("sentence_transformers")
+    from test_clients import _sentence_transformers_folder
+    from transformers import AutoModel, AutoTokenizer
+
+    folder = _sentence_transformers_folder(tiny, "bert", tmp_path)
+    model, tok = AutoModel.from_pretrained(folder).eval(), AutoTokenizer.from_pretrained(folder)
+    papa = convert(model, Constants.from_kind("uniform", 2, 4, L), HEADS, tokenizer=tok)
+    healed = heal_model(papa, model, tok, CORPUS, HealOptions(**QUICK), batch_size=8, progress=False)
+    record = healed.papa_recipe["healing"]
+    assert record["objective"] == "layers+embedding"  # the source's pooling and normalisation
+    assert record["heldout_after"]["sentence_cosine"] > record["heldout_before"]["sentence_cosine"]
+    out = save_checkpoint(healed, tmp_path / "healed", tokenizer=tok, recipe=healed.papa_recipe, card=False)
+    encoder = st.SentenceTransformer(str(out), device="cpu", trust_remote_code=True)
+    got = encoder.encode(SENTENCES, convert_to_tensor=True)
+    enc = tok(SENTENCES, padding=True, return_tensors="pt")
+    with torch.no_grad():
+        hidden = healed(**enc).last_hidden_state
+    mask = enc["attention_mask"].unsqueeze(-1).float()
+    by_hand = torch.nn.functional.normalize((hidden * mask).sum(1) / mask.sum(1), dim=-1)
+    assert float((got - by_hand).abs().max()) <= 1e-5
+
+
+def test_bad_teachers_and_options(source, tiny):
+    import papa_surgery
+
+    model, tok, _ = source
+    papa = converted(source)
+    with pytest.raises(ValueError, match="token embeddings differ"):
+        heal_model(papa, tiny.model("bert", seed=1), tok, CORPUS, HealOptions(**QUICK), progress=False)
+    with pytest.raises(ValueError, match="not the architecture"):
+        heal_model(papa, tiny.model("roberta"), tok, CORPUS, HealOptions(**QUICK), progress=False)
+    with pytest.raises(ValueError, match="teacher is a PAPA model"):
+        heal_model(papa, converted(source), tok, CORPUS, HealOptions(**QUICK), progress=False)
+    with pytest.raises(ValueError, match="heldout: 80 held-out examples leave none"):
+        heal_model(papa, model, tok, CORPUS, HealOptions(heldout=80), progress=False)
+    with pytest.raises(TypeError, match="unexpected keyword argument"):
+        papa_surgery.heal(papa, tok, CORPUS, teacher=model, stepz=3)
+    with pytest.raises(ValueError, match="steps"):
+        papa_surgery.heal(papa, tok, CORPUS, teacher=model, steps=0)
+    with pytest.raises(ValueError, match="is not a PAPA model"):
+        papa_surgery.heal(model, tok, CORPUS, teacher=model)
+    with pytest.raises(ValueError, match="objective"):
+        papa_surgery.heal(papa, tok, CORPUS, teacher=model, objective="embedding", steps=1, heldout=8)  # no ST
+
+
+def test_public_heal_returns_a_new_model_and_leaves_the_input(source):
+    import papa_surgery
+
+    model, tok, _ = source
+    papa = converted(source)
+    start = state(papa)
+    healed = papa_surgery.heal(papa, tok, CORPUS, teacher=model, progress=False, batch_size=8, **QUICK)
+    assert healed is not papa and all(torch.equal(v, start[k]) for k, v in state(papa).items())
+    assert type(healed).__name__ == type(papa).__name__ and healed.papa_recipe["healing"]["steps"] == 12
+    assert healed.config.papa_kind == "average" and healed.config.papa_fraction == 0.75
+
+
+def test_cli_convert_with_heal_steps_and_heal_a_checkpoint(tiny, tmp_path):
+    from click.testing import CliRunner
+
+    from papa_surgery.cli import main
+
+    src = tiny.save("bert", tmp_path / "src")
+    (tmp_path / "corpus.txt").write_text("\n".join(CORPUS) + "\n")
+    runner = CliRunner()
+    common = ["--corpus", str(tmp_path / "corpus.txt"), "--batch-size", "8"]
+    convert_args = ["-q", "convert", str(src), "--fraction", "0.75", "--max-length", str(L), *common]
+    healing = ["--heal-steps", "4", "--heal-heldout", "8"]
+    result = runner.invoke(main, [*convert_args, *healing, "--out", str(tmp_path / "a")])
+    assert result.exit_code == 0, result.output
+    recipe = json.loads((tmp_path / "a" / "papa_recipe.json").read_text())
+    assert recipe["healing"]["steps"] == 4 and recipe["healing"]["train"] == "lora"
+    assert "--heal-steps 4" in recipe["command"]
+    # heal an unhealed checkpoint: the teacher must be named (the source was a local folder)
+    result = runner.invoke(main, [*convert_args, "--out", str(tmp_path / "b")])
+    assert result.exit_code == 0, result.output
+    result = runner.invoke(main, ["heal", str(tmp_path / "b"), *common, "--steps", "4", "--heldout", "8",
+                                  "--out", str(tmp_path / "c")])  # fmt: skip
+    assert result.exit_code == 2 and "--teacher" in result.output, result.output
+    result = runner.invoke(main, ["-q", "heal", str(tmp_path / "b"), *common, "--steps", "4", "--heldout", "8",
+                                  "--train", "full", "--teacher", str(src), "--out", str(tmp_path / "c")])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    healing = json.loads((tmp_path / "c" / "papa_recipe.json").read_text())["healing"]
+    assert healing["train"] == "full" and healing["command"].startswith("papa-surgery heal")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a", "b", "c", "corpus.txt", "src"]  # no state left
+    # a healing option without --heal-steps does nothing: refused
+    result = runner.invoke(main, ["convert", str(src), "--fraction", "0.5", "--heal-train", "full", *common,
+                                  "--out", str(tmp_path / "d")])  # fmt: skip
+    assert result.exit_code == 2 and "--heal-train" in result.output and "--heal-steps" in result.output
+
+
+def test_heal_options_defaults_come_from_the_registry():
+    from papa_surgery import registry
+
+    assert HealOptions().learning_rate() == registry.TRAIN_MODES[registry.DEFAULT_TRAIN].lr
+    assert HealOptions(train="full").learning_rate() == registry.TRAIN_MODES["full"].lr
+    assert HealOptions(train="constants").learning_rate() == HealOptions().constants_lr
+    assert HealOptions(steps=10).evaluation_interval() == 2
+    with pytest.raises(ValueError, match="train"):
+        HealOptions(train="everything")
+
+
+def test_a_probe_sweep_scores_each_kind_converted_and_healed_and_the_report_shows_both(tiny, tmp_path):
+    from test_sweep import write_sst2
+
+    from papa_surgery.experiments import SweepConfig, run_sweep
+    from papa_surgery.report import table_kinds
+
+    src = tiny.save("bert", tmp_path / "src")
+    data = write_sst2(tmp_path / "data", train=40, dev=16)
+    heal_options = {"steps": 3, "heldout": 8, "train": "lora"}
+    cfg = SweepConfig(model=str(src), tasks=("sst2",), fractions=(0.0, 1.0), seeds=1, data_dir=str(data), epochs=1,
+                      max_length=L, calibration_batch_size=8, heal_options=heal_options)  # fmt: skip
+    rows = run_sweep(cfg, tmp_path / "rows.jsonl", progress=False)
+    by = {(r["kind"], r["fraction"]): r for r in rows}
+    assert sorted(by) == [("average", 0.0), ("average", 1.0), ("average+healed", 0.0), ("average+healed", 1.0)]
+    assert by[("average+healed", 0.0)]["reused_from"]["kind"] == "average"  # fraction 0: nothing to heal
+    healing = by[("average+healed", 1.0)]["healing"]
+    assert healing["steps"] == 3 and healing["train"] == "lora"
+    assert healing["heldout_sentence_cosine_after"] is not None and "healing" not in by[("average", 1.0)]
+    assert by[("average+healed", 1.0)]["options"]["heal_options"]["steps"] == 3
+    table = table_kinds(rows, fraction=1.0)
+    assert table.index("| average |") < table.index("| average+healed |")
+    # Resuming with other healing options is refused, naming the option.
+    other = SweepConfig(**{**cfg.__dict__, "heal_options": {**heal_options, "steps": 4}})
+    with pytest.raises(ValueError, match="heal_options"):
+        run_sweep(other, tmp_path / "rows.jsonl", progress=False)
+    with pytest.raises(ValueError, match="labeled-average"):
+        SweepConfig(model=str(src), kinds=("labeled-average",), heal_options=heal_options).validate()
+
+
+def test_cli_heal_stopped_midway_writes_nothing_and_the_rerun_resumes(tiny, tmp_path, monkeypatch):
+    from click.testing import CliRunner
+
+    from papa_surgery.cli import main
+    from papa_surgery.healing import state as state_module
+
+    src = tiny.save("bert", tmp_path / "src")
+    (tmp_path / "corpus.txt").write_text("\n".join(CORPUS) + "\n")
+    runner = CliRunner()
+    common = ["--corpus", str(tmp_path / "corpus.txt"), "--batch-size", "8", "--max-length", str(L)]
+    assert runner.invoke(main, ["-q", "convert", str(src), "--fraction", "0.75", *common, "--out",
+                                str(tmp_path / "ckpt")]).exit_code == 0  # fmt: skip
+    heal_args = ["-q", "heal", str(tmp_path / "ckpt"), *common[:4], "--teacher", str(src), "--train", "full",
+                 "--steps", "6", "--eval-every", "2", "--heldout", "8", "--lr", "1e-3"]  # fmt: skip
+    assert runner.invoke(main, [*heal_args, "--out", str(tmp_path / "whole")]).exit_code == 0
+    real_save = state_module.HealState.save
+
+    def save_then_stop(self, *args, **kwargs):
+        real_save(self, *args, **kwargs)
+        if args[-1] == 4:
+            raise KeyboardInterrupt  # Ctrl-C right after the state of step 4 was written
+
+    monkeypatch.setattr(state_module.HealState, "save", save_then_stop)
+    result = runner.invoke(main, [*heal_args, "--out", str(tmp_path / "resumed")])
+    assert result.exit_code == 130, result.output
+    names = sorted(p.name for p in tmp_path.iterdir())
+    assert "resumed" not in names and not [n for n in names if "staging" in n]  # no checkpoint, no half of one
+    assert ".resumed.papa-heal-state.safetensors" in names  # the resume state, whole
+    monkeypatch.setattr(state_module.HealState, "save", real_save)
+    result = runner.invoke(main, [*heal_args, "--out", str(tmp_path / "resumed")])
+    assert result.exit_code == 0, result.output
+    names = sorted(p.name for p in tmp_path.iterdir())
+    assert ".resumed.papa-heal-state.safetensors" not in names  # removed once the checkpoint is written
+    from safetensors.torch import load_file
+
+    whole, resumed = (load_file(tmp_path / n / "model.safetensors") for n in ("whole", "resumed"))
+    assert whole.keys() == resumed.keys() and all(torch.equal(whole[k], resumed[k]) for k in whole)
+    record = json.loads((tmp_path / "resumed" / "papa_recipe.json").read_text())["healing"]
+    assert record["resumed_from_step"] == 4
