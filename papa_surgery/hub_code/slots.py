@@ -6,6 +6,14 @@ L/2+1) with the second segment right after, and the last real token (the final s
 Inputs are never padded to L: each real token gets a slot index and a constant head reads
 ``C[slot_i, slot_j]`` for the example's real tokens only.
 
+Every input of at most L tokens has a place, pairs included, so whatever the checkpoint's own tokenizer
+produces at its ``model_max_length`` (= L) is valid. A pair whose segments fit their halves gets exactly
+the paper's layout above. When one segment is longer than its half, the middle separator moves just enough
+for it: it sits at ``min(max(L/2, a), L - 1 - b)``, where ``a`` is the number of tokens before it (``[CLS]``
+and the first segment) and ``b`` the number from it to the final separator (the middle separator(s) and the
+second segment). Slots never collide, the final separator stays at L-1, and a segment that fits its half
+keeps its paper slots whenever the other one does too.
+
 A local (sliding-window) layer passes its half window w to :func:`constant_attention`: slots are not
 distances (a pair's second segment starts at L/2, the final token sits at L-1), so the window is applied
 on the batch's token positions when the constant is used, never baked into C (papa_attention.py).
@@ -58,7 +66,7 @@ def compute_slots(
         (B, N) long tensor of slots.
 
     Raises:
-        ValueError: an input longer than L, or a pair segment that does not fit its half of L.
+        ValueError: an input longer than L.
     """
     if attention_mask is not None:
         real = attention_mask.bool()
@@ -79,56 +87,33 @@ def compute_slots(
         first_mid = torch.where(middle, rank, torch.full_like(rank, big)).amin(-1, keepdim=True)  # (B, 1)
     else:
         first_mid = torch.full_like(n_real, big)
-    is_pair = first_mid < big
-    half = max_length // 2
+    # The middle separator's slot: L/2 when both segments fit their halves, else just where the longer fits.
+    rest = n_real - 1 - first_mid  # (B, 1) middle separator(s) and second segment
+    middle = torch.minimum(first_mid.clamp_min(max_length // 2), max_length - 1 - rest)
 
-    slots = torch.where(rank < first_mid, rank, half + rank - first_mid)
+    slots = torch.where(rank < first_mid, rank, middle + rank - first_mid)
     slots = torch.where(is_last, torch.full_like(slots, max_length - 1), slots)
     slots = torch.where(real, slots, torch.full_like(slots, PAD_SLOT))
 
-    _check_fits(n_real, first_mid, is_pair, max_length)
+    _check_fits(n_real, max_length)
     return slots
 
 
-def _check_fits(n_real: torch.Tensor, first_mid: torch.Tensor, is_pair: torch.Tensor, max_length: int) -> None:
-    """Raise a ValueError naming the limit when an input does not fit the slot layout (one host sync).
+def _check_fits(n_real: torch.Tensor, max_length: int) -> None:
+    """Raise a ValueError naming the limit when an input has more than L real tokens (one host sync).
 
     In a traced graph the values are unknown: the check becomes a runtime assertion instead.
     """
-    half = max_length // 2
-    too_long = n_real > max_length
-    # Pair: first segment in slots [0, L/2); separators + second segment in [L/2, L-1); final token at L-1.
-    first_too_long = is_pair & (first_mid > half)
-    second_too_long = is_pair & (n_real - 1 - first_mid > max_length - 1 - half)
-    bad = torch.cat([too_long, first_too_long, second_too_long], dim=-1)  # (B, 3)
+    too_long = n_real > max_length  # (B, 1)
     if is_tracing():
-        torch._assert_async(~bad.any(), f"input does not fit the constant attention's {max_length} slots")
+        torch._assert_async(~too_long.any(), f"input does not fit the constant attention's {max_length} slots")
         return
-    if not bool(bad.any()):
+    if not bool(too_long.any()):
         return
-    fix = (
-        f"truncate inputs (tokenizer(..., truncation=True, max_length={max_length})) or use constants "
-        f"calibrated with a larger --max-length"
-    )
-    if bool(too_long.any()):
-        worst = int(n_real.max())
-        raise ValueError(
-            f"input has {worst} tokens but the constant attention covers only papa_max_length={max_length} slots; {fix}"
-        )
-    if bool(first_too_long.any()):
-        worst = int(first_mid[first_too_long].max())
-        raise ValueError(
-            f"the first segment of a sentence pair has {worst} tokens but only {half} slots lie before the "
-            f"middle separator (papa_max_length={max_length}); each segment of a pair must fit its half: "
-            f"truncate the longer segment (tokenizer(a, b, truncation='longest_first', "
-            f"max_length={half})) or use a larger --max-length"
-        )
-    worst = int((n_real - 1 - first_mid)[second_too_long].max())
     raise ValueError(
-        f"the second segment of a sentence pair (with its separators) has {worst} tokens but only "
-        f"{max_length - 1 - half} slots lie between the middle separator and the final one "
-        f"(papa_max_length={max_length}); each segment of a pair must fit its half: truncate the longer "
-        f"segment or use a larger --max-length"
+        f"input has {int(n_real.max())} tokens but the constant attention covers only papa_max_length={max_length} "
+        f"slots; truncate inputs (tokenizer(..., truncation=True, max_length={max_length})) or use constants "
+        f"calibrated with a larger --max-length"
     )
 
 
