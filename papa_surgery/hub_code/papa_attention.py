@@ -4,9 +4,10 @@ The family's own self-attention module runs unchanged: its query/key projections
 heads, and ``config._attn_implementation`` names a registered PAPA attention function
 (``papa_sdpa``, ``papa_eager``, ``papa_flash_attention_2``, ...). That function runs the kept heads
 through the underlying implementation and the constant heads as ``rownorm(C[slots] * mask) @ V``
-(``slots.constant_attention``), and returns every head in its original order. The batch's slots arrive
-as the ``papa_slots`` keyword, which the PAPA model computes in its own ``forward`` and which
-transformers' ``**kwargs`` path carries from the model down to the attention function.
+(``constant_heads.constant_attention``: one GEMM per head for the whole batch), and returns every head in its
+original order. The batch's slot plan (``slot_plan.SlotPlan``) arrives as the ``papa_plan`` keyword, which the
+PAPA model computes once in its own ``forward`` and which transformers' ``**kwargs`` path carries from the model
+down to the attention function.
 
 A head that is both kept and constant (lambda training only, never in a checkpoint) mixes the two
 outputs: ``lambda * attn + (1 - lambda) * const`` with ``lambda = sigmoid(papa_lambda_logits)``, which
@@ -26,7 +27,7 @@ shrinking the projections is what keeps constant heads out of it. Three of them 
   constant is defined on slots, and slots are not token distances (a pair's second segment starts at
   L/2, the final separator sits at L-1), so a calibrated constant can hold mass between slots whose
   tokens are farther than w apart in some other input. The window is therefore applied at use, on the
-  token positions of the batch, before the row normalisation (``slots.constant_attention``): a local
+  token positions of the batch, before the row normalisation (``constant_heads.py``): a local
   constant head never puts weight outside its layer's window, whatever L and the input length.
 
 This file ships inside every PAPA checkpoint: it imports only torch, transformers and siblings.
@@ -41,10 +42,11 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from .compact_constants import add_compact_constants, constants_of
+from .compact_constants import add_compact_constants
+from .constant_heads import constant_attention
 from .heads import PapaHeads, combine_heads, select_heads
 from .shrink import no_heads, shrink_fused, shrink_grouped, shrink_projections
-from .slots import constant_attention
+from .slot_plan import SlotPlan
 
 PAPA_PREFIX = "papa_"
 # Underlying implementations a PAPA attention function can wrap (those transformers knows of).
@@ -122,6 +124,7 @@ def papa_attention_forward(
     value: torch.Tensor,
     attention_mask: torch.Tensor | None,
     dropout: float = 0.0,
+    papa_plan: SlotPlan | None = None,
     papa_slots: torch.Tensor | None = None,
     papa_base: str = "sdpa",
     **kwargs,
@@ -129,23 +132,26 @@ def papa_attention_forward(
     """Attention with constant heads; the signature transformers' attention interface calls.
 
     Args:
-        module: the family's self-attention module (with ``papa_heads`` and ``papa_constants``).
+        module: the family's self-attention module (with ``papa_heads`` and its constants).
         query, key: (B, Hk, N, d) of the kept heads (a placeholder when no head is kept).
         value: (B, H, N, d) of every head.
         attention_mask: the mask the underlying implementation expects (kept heads only).
         dropout: attention dropout probability (0 in eval mode).
-        papa_slots: (B, N) slots of the batch, from the PAPA model's forward.
+        papa_plan: the batch's :class:`~slot_plan.SlotPlan`, from the PAPA model's forward.
+        papa_slots: (B, N) slots instead of a plan (a direct call; costs a host sync to plan them).
         papa_base: the underlying implementation for the kept heads.
 
     Returns:
         (B, N, H, d) context of every head in head order, and (B, H, N, N) weights or ``None`` (the
-        underlying implementation gives none, and attentions were not asked for).
+        underlying implementation gives none, or attentions were not asked for).
     """
     base = _base_function(module, papa_base)
     heads: PapaHeads | None = getattr(module, "papa_heads", None)
     if heads is None or not heads.const:
         return base(module, query, key, value, attention_mask, dropout=dropout, **kwargs)
-    if papa_slots is None:
+    if papa_plan is None and papa_slots is not None:
+        papa_plan = SlotPlan.from_slots(papa_slots, int(module.config.papa_max_length))
+    if papa_plan is None:
         raise ValueError(
             "PAPA constant heads need the batch's slots: call the PAPA model itself (model(...) or "
             "model.forward(...)), or pass papa_slots=model.papa_slots(input_ids, attention_mask)"
@@ -155,6 +161,7 @@ def papa_attention_forward(
             "PAPA constant heads need padded batches: packed sequences (cu_seq_lens) give no per-example slots; "
             "pass a padded batch with its attention_mask"
         )
+    wants_weights = bool(kwargs.get("output_attentions", getattr(module.config, "output_attentions", False)))
     kept_out = kept_w = None
     if heads.kept:
         if getattr(module, "papa_zero_qk", False):  # fused Q/K: zeros stand for the constant heads, kept first
@@ -165,15 +172,16 @@ def papa_attention_forward(
         kept_out, kept_w = base(module, query, key, v_kept, attention_mask, dropout=dropout, **kwargs)  # (B, N, Hk, d)
     v_const = _value_heads(module, value, heads.const)  # (B, Hc, N, d)
     window = getattr(module, "papa_window", None)
-    const_ctx, const_p = constant_attention(constants_of(module), papa_slots, v_const, dropout, window=window)
-    const_out = const_ctx.transpose(1, 2)  # (B, N, Hc, d)
+    const_out, const_p = constant_attention(module, papa_plan, v_const, dropout, window, weights=wants_weights)
 
     logits = module.papa_lambda_logits if heads.mixed else None
     out = combine_heads(kept_out, const_out, heads, dim=2, lambda_logits=logits)  # (B, N, H, d)
+    if not wants_weights:
+        return out, None
     if heads.kept and kept_w is None:  # sdpa/flash materialise no weights for the kept heads
-        if heads.mixed or not kwargs.get("output_attentions"):
+        if heads.mixed:
             return out, None
-        b, n = papa_slots.shape
+        b, n = papa_plan.slots.shape
         kept_w = const_p.new_full((b, len(heads.kept), n, n), float("nan"))
     return out, combine_heads(kept_w, const_p, heads, dim=1, lambda_logits=logits)  # (B, H, N, N)
 
