@@ -262,3 +262,33 @@ def test_attention_dropout_in_training_runs_the_definition(tiny):
     model.eval()
     with torch.no_grad():
         assert not torch.allclose(model(**enc).last_hidden_state, outs[1])  # dropout really was on
+
+
+def test_modernbert_fused_layers_rotate_and_attend_with_the_kept_heads_only(tiny, tmp_path):
+    """Item 3: a fused layer with constant heads computes no Q/K for them (nothing to rotate), and its PAPA forward
+    equals the family's own forward, which lambda mixing keeps (every head kept): lambda = 1/0 per head."""
+    length = 32
+    src, tok = tiny.model("modernbert"), tiny.tokenizer("modernbert")
+    c = make_constants("random", LAYERS, HEADS, length, seed=6)
+    model = make_papa(src, MIXED, c, length, tok.sep_token_id)
+    first, second = attention_modules(model)
+    d = src.config.hidden_size // HEADS
+    assert type(first).__name__ == "PapaModernBertAttention" and first.Wqkv.proj.weight.shape[0] == (2 * 2 + 4) * d
+    assert second.Wqkv.proj.weight.shape[0] == HEADS * d  # attention-free layer: V rows only
+    q, k, v = first.Wqkv(torch.randn(1, 3, src.config.hidden_size))
+    assert q.shape[-1] == k.shape[-1] == 2 * d and v.shape[-1] == HEADS * d
+
+    every = [[layer, h] for layer in range(LAYERS) for h in range(HEADS)]
+    unpruned = make_papa(src, every, c, length, tok.sep_token_id, kept_heads=every)
+    assert all(type(m).__name__ == "ModernBertAttention" for m in attention_modules(unpruned))
+    with torch.no_grad():
+        for layer, module in enumerate(attention_modules(unpruned)):
+            logits = [-50.0 if [layer, h] in MIXED else 50.0 for h in range(HEADS)]
+            module.papa_lambda_logits.copy_(torch.tensor(logits))
+    for side in ("right", "left"):
+        tok.padding_side = side
+        enc = tok(_texts(random.Random(side), 4, 20), padding=True, return_tensors="pt")
+        assert float((_real(model, enc) - _real(unpruned, enc)).abs().max()) <= TOL
+    torch.save(model, tmp_path / "model.pt")  # the PAPA class unpickles by name
+    loaded = torch.load(tmp_path / "model.pt", weights_only=False)
+    assert torch.equal(_real(loaded, enc), _real(model, enc))

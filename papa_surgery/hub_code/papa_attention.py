@@ -17,9 +17,11 @@ Modern encoders (rotary positions) apply rotary to whatever query/key heads the 
 shrinking the projections is what keeps constant heads out of it. Three of them need more:
 
 * Fused ``[Q; K; V]`` (ModernBERT's ``Wqkv``): the family's forward splits the fused output into three
-  equal blocks of every head, so :class:`PapaFusedQKV` computes only the kept heads' Q/K rows and all V
-  rows, and fills the constant heads' Q/K with zeros (no projection FLOPs; the module's rotary still runs
-  over those zero heads, an elementwise O(N d) per head). The attention function drops them again.
+  equal blocks of every head and rotates all of Q and K, so a layer with constant heads would carry zero Q/K
+  blocks for them through the split and the rotary. Instead :class:`PapaFusedQKV` computes only the kept heads'
+  Q/K rows and every V row, and the layer runs :class:`PapaFusedAttentionMixin`'s forward: the family's own
+  steps (projection, the family's rotary function named in the family table, the attention interface, output
+  projection and dropout) on the kept heads' Q/K only. A layer without constant heads keeps the family's class.
 * Grouped-query attention (EuroBERT): query head h reads key/value head ``h // g``. A key head is removed
   only when every query head of its group is constant; value heads all stay, since the constant heads
   read them. The kept heads then run as plain multi-head attention over their groups' keys and values.
@@ -99,7 +101,8 @@ def setup_interface_attention(
     if family.window_attr and getattr(module, "sliding_window", None) is not None:
         module.papa_window = int(getattr(module.config, family.window_attr))
     if family.fused_qkv:
-        shrink_fused(module, family.q, heads)
+        if shrink_fused(module, family.q, heads):
+            module.__class__ = fused_attention_class(family, type(module))
     elif family.kv_heads_attr:
         shrink_grouped(module, family, heads)
     else:
@@ -111,7 +114,7 @@ def setup_interface_attention(
 def _base_function(module: nn.Module, base: str):
     """The underlying attention function: the family's own eager function, or a registered one."""
     if base == "eager":
-        return sys.modules[type(module).__module__].eager_attention_forward
+        return getattr(module, "papa_eager", None) or sys.modules[type(module).__module__].eager_attention_forward
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
     return ALL_ATTENTION_FUNCTIONS[base]
@@ -164,8 +167,6 @@ def papa_attention_forward(
     wants_weights = bool(kwargs.get("output_attentions", getattr(module.config, "output_attentions", False)))
     kept_out = kept_w = None
     if heads.kept:
-        if getattr(module, "papa_zero_qk", False):  # fused Q/K: zeros stand for the constant heads, kept first
-            query, key = query[:, : len(heads.kept)], key[:, : len(heads.kept)]  # (B, Hk, N, d)
         if hasattr(module, "papa_key"):  # grouped-query attention, run as multi-head over the kept heads
             key = key.index_select(1, torch.tensor(module.papa_key, device=key.device))  # (B, Hk, N, d)
         v_kept = value if heads.mixed else _value_heads(module, value, heads.kept)  # (B, Hk, N, d)
@@ -195,6 +196,65 @@ def _value_heads(module: nn.Module, value: torch.Tensor, heads: Sequence[int]) -
     if value.shape[1] != h:  # GQA with nothing shrunk (lambda training): each query head reads its group's
         value = value.repeat_interleave(h // value.shape[1], dim=1)  # (B, H, N, d)
     return select_heads(value, heads, h)
+
+
+class PapaFusedAttentionMixin:
+    """Forward of a fused-``[Q; K; V]`` layer with constant heads (ModernBERT): Q/K of the kept heads only.
+
+    The family's forward in the same steps (``Wqkv``, the family's rotary, the attention interface, ``Wo``,
+    ``out_drop``), but ``Wqkv`` (:class:`~shrink.PapaFusedQKV`) gives the kept heads' Q/K and every head's V, so
+    no zero blocks are split, rotated or handed down for the constant heads. Pinned to the family's own forward
+    by tests (lambda mixing, which keeps the family's class, equals this at lambda = 1/0).
+    """
+
+    def forward(self, hidden_states, position_embeddings=None, attention_mask=None, **kwargs):
+        from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+        b, n = hidden_states.shape[:2]
+        d = self.papa_heads.head_dim
+        query, key, value = (x.view(b, n, -1, d).transpose(1, 2) for x in self.Wqkv(hidden_states))  # (B, H*, N, d)
+        if self.papa_heads.kept:
+            cos, sin = position_embeddings
+            query, key = self.papa_rotary(query, key, cos, sin, unsqueeze_dim=1)
+        attention = ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation, self.papa_eager)
+        out, weights = attention(
+            self,
+            query,
+            key,
+            value,
+            attention_mask,
+            dropout=self.attention_dropout if self.training else 0.0,
+            scaling=d**-0.5,
+            sliding_window=self.sliding_window,
+            deterministic=self.deterministic_flash_attn,
+            **kwargs,
+        )
+        out = out.reshape(b, n, -1).contiguous()  # (B, N, H d)
+        return self.out_drop(self.Wo(out)), weights
+
+
+def fused_attention_class(family, base: type) -> type:
+    """``Papa<Family>Attention(PapaFusedAttentionMixin, <the family's attention>)``, built on first use."""
+    name = f"{family.papa_prefix}Attention"
+    if name not in globals():
+        module = sys.modules[base.__module__]
+        attrs = {
+            "__module__": __name__,
+            "papa_rotary": staticmethod(getattr(module, family.rotary)),
+            "papa_eager": staticmethod(module.eager_attention_forward),
+        }
+        globals()[name] = type(name, (PapaFusedAttentionMixin, base), attrs)
+    return globals()[name]
+
+
+def __getattr__(name: str):
+    # Unpickling a model looks its classes up by name: build them on demand.
+    from .families import FAMILIES
+
+    for family in FAMILIES.values():
+        if family.fused_qkv and name == f"{family.papa_prefix}Attention":
+            return fused_attention_class(family, getattr(family.transformers_module(), family.attention_class))
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def papa_mask_function(base: str):
