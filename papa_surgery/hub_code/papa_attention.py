@@ -258,10 +258,30 @@ def __getattr__(name: str):
 
 
 def papa_mask_function(base: str):
-    """The mask function transformers uses for ``papa_<base>``: the underlying implementation's own."""
+    """The mask function transformers uses for ``papa_<base>``: the underlying implementation's own, skipped for
+    a model whose every head is constant (no kept head reads a mask; constant heads read the slot plan), which
+    spares it the (B, 1, N, N) mask of a padded batch."""
     from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
 
-    return ALL_MASK_ATTENTION_FUNCTIONS[base if base in ALL_MASK_ATTENTION_FUNCTIONS else "sdpa"]
+    underlying = ALL_MASK_ATTENTION_FUNCTIONS[base if base in ALL_MASK_ATTENTION_FUNCTIONS else "sdpa"]
+
+    def mask(*args, config=None, **kwargs):
+        if _attention_free(config):
+            return None
+        return underlying(*args, config=config, **kwargs)
+
+    return mask
+
+
+def _attention_free(config) -> bool:
+    """Whether a (PAPA) config makes every head of every layer constant, without lambda mixing."""
+    heads = getattr(config, "papa_constant_heads", None)
+    if not heads or getattr(config, "papa_lambda_mixing", False):
+        return False
+    from .families import family_for
+
+    family = family_for(config.model_type)
+    return len(heads) >= int(getattr(config, family.heads_attr)) * int(getattr(config, family.layers_attr))
 
 
 def _module_attention(module: nn.Module, *args, **kwargs):
