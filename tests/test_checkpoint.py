@@ -299,8 +299,9 @@ def test_bad_inputs_are_clear_errors(tiny, tmp_path):
     papa = convert(src, good, [[0, 0]], tokenizer=tok)
     with pytest.raises(ValueError, match="papa_max_length=16"):
         papa(**tok(["word " * 30], return_tensors="pt"))
-    with pytest.raises(ValueError, match="first segment of a sentence pair"):
-        papa(**tok(["word " * 12], ["x"], return_tensors="pt"))
+    with pytest.raises(ValueError, match="papa_max_length=16"):
+        papa(**tok(["word " * 12], ["x x x"], return_tensors="pt"))  # a pair longer than L
+    papa(**tok(["word " * 12], ["x"], return_tensors="pt"))  # L tokens: a long first segment has a place (issue 23)
 
 
 def test_existing_folder_and_failed_save_leave_nothing_half_written(tiny, tmp_path):

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from papa_surgery.calibration.accumulate import SlotLayout
-from papa_surgery.hub_code.slots import PAD_SLOT, compute_slots, constant_attention, constant_probs
+from papa_surgery.hub_code.slots import PAD_SLOT, compute_slots, constant_probs
+from papa_surgery.hub_code.slots import reference_constant_attention as constant_attention
 
 L = 16
 SEP, PAD, CLS = 3, 0, 2
@@ -99,21 +100,26 @@ def test_input_longer_than_max_length():
         compute_slots(None, mask, L)
 
 
-def test_first_pair_segment_too_long():
+def test_a_first_segment_longer_than_its_half_moves_the_middle_just_enough():
+    # Issue 23: any input of at most L tokens has a place. The middle separator moves to the first segment's end.
     half = L // 2
-    ids, mask = ids_and_mask([[CLS] + [10] * half + [SEP, 11, SEP]])
-    with pytest.raises(ValueError, match=rf"first segment.*{half + 1} tokens.*only {half} slots"):
-        compute_slots(ids, mask, L, SEP)
+    first = [CLS] + [10] * half  # half + 1 tokens before the middle separator
+    ids, mask = ids_and_mask([first + [SEP, 11, SEP]])
+    slots = compute_slots(ids, mask, L, SEP)[0].tolist()
+    assert slots == list(range(half + 1)) + [half + 1, half + 2, L - 1]
+    full = first + [SEP] + [11] * (L - len(first) - 2) + [SEP]  # exactly L tokens: every slot used
+    assert compute_slots(*ids_and_mask([full]), L, SEP)[0].tolist() == list(range(L))
 
 
-def test_second_pair_segment_too_long():
+def test_a_second_segment_longer_than_its_half_moves_the_middle_just_enough():
     half = L // 2
-    limit = L - 1 - half
+    limit = L - 1 - half  # slots between the middle separator and the final one
     ids, mask = ids_and_mask([[CLS, 10, SEP, SEP] + [11] * (limit - 1) + [SEP]])  # limit + 1 after the middle
-    with pytest.raises(ValueError, match=rf"second segment.*{limit + 1} tokens.*only {limit} slots"):
-        compute_slots(ids, mask, L, SEP)
-    ok_ids, ok_mask = ids_and_mask([[CLS, 10, SEP, SEP] + [11] * (limit - 2) + [SEP]])
-    assert compute_slots(ok_ids, ok_mask, L, SEP)[0, -1] == L - 1
+    slots = compute_slots(ids, mask, L, SEP)[0].tolist()
+    middle = L - 1 - (limit + 1)
+    assert slots == [0, 1] + list(range(middle, L - 1)) + [L - 1] and middle == half - 1
+    ok_ids, ok_mask = ids_and_mask([[CLS, 10, SEP, SEP] + [11] * (limit - 2) + [SEP]])  # fits: the paper's layout
+    assert compute_slots(ok_ids, ok_mask, L, SEP)[0].tolist() == [0, 1] + list(range(half, L - 1)) + [L - 1]
 
 
 def test_constant_probs_and_attention():
@@ -163,18 +169,6 @@ def test_zero_rows_give_zero():
     probs = constant_probs(c, compute_slots(ids, mask, L, SEP), torch.float32)
     assert probs[0, 0, 1].abs().sum() == 0
     assert torch.allclose(probs[0, 0, [0, 2]].sum(-1), torch.ones(2))
-
-
-def test_one_layout_batch_takes_the_shared_path_with_the_same_result():
-    # Equal layouts (the common case) use one (N, N) matrix per head; the result equals the per-example path.
-    ids, mask = ids_and_mask([[CLS, 10, 11, SEP], [CLS, 12, 13, SEP], [CLS, 14, 15, SEP]])
-    slots = compute_slots(ids, mask, L, SEP)
-    c = torch.rand(2, L, L) + 0.1
-    value = torch.randn(3, 2, 4, 5)
-    shared, shared_p = constant_attention(c, slots, value)
-    one_by_one = torch.cat([constant_attention(c, slots[i : i + 1], value[i : i + 1])[0] for i in range(3)])
-    assert torch.allclose(shared, one_by_one, atol=1e-6)
-    assert torch.allclose(shared_p, constant_probs(c, slots, torch.float32), atol=1e-7)
 
 
 def test_a_pair_as_inputs_embeds_is_not_silently_one_segment(papa_model):

@@ -11,6 +11,7 @@ This file ships inside every PAPA checkpoint: it imports only transformers and s
 from __future__ import annotations
 
 import re
+import warnings
 
 import transformers
 
@@ -18,9 +19,12 @@ from .families import FAMILIES, family_for
 
 PAPA_FORMAT_VERSION = 1
 
-# The transformers releases this code is tested against: [floor, ceiling).
+# The transformers releases this code is tested against: [floor, ceiling). Older releases are refused (the code
+# uses what they lack); newer ones load with a warning, so a published checkpoint keeps working the day a new
+# major release ships (scripts/test-newest.sh runs the loading tests on the newest release PyPI serves).
 TRANSFORMERS_FLOOR = (5, 0)
 TRANSFORMERS_CEILING = (6, 0)
+_warned_untested = False
 
 # Field -> (type, default). Declared once; every family's config gets the same fields. On transformers
 # releases whose configs are dataclasses they become dataclass fields; on older ones, class defaults.
@@ -45,15 +49,26 @@ PAPA_FIELDS: dict[str, tuple[object, object]] = {
 
 
 def check_transformers_version(version: str | None = None) -> None:
-    """Fail at import, with the supported range, on a transformers release this code was not tested with."""
+    """Refuse, with the release needed, a transformers older than the floor; warn once about one past the
+    tested range (a ``UserWarning``: the checkpoint loads, but nobody has checked its outputs there)."""
+    global _warned_untested
     version = version or transformers.__version__
     match = re.match(r"(\d+)\.(\d+)", version)
     found = tuple(int(x) for x in match.groups()) if match else (0, 0)
-    if not TRANSFORMERS_FLOOR <= found < TRANSFORMERS_CEILING:
-        floor, ceiling = ".".join(map(str, TRANSFORMERS_FLOOR)), ".".join(map(str, TRANSFORMERS_CEILING))
+    floor, ceiling = ".".join(map(str, TRANSFORMERS_FLOOR)), ".".join(map(str, TRANSFORMERS_CEILING))
+    if found < TRANSFORMERS_FLOOR:
         raise ImportError(
-            f"this PAPA checkpoint needs transformers>={floor},<{ceiling}, but transformers {version} is installed: "
-            f'pip install "transformers>={floor},<{ceiling}"'
+            f"this PAPA checkpoint needs transformers>={floor}, but transformers {version} is installed: "
+            f'pip install -U "transformers>={floor}"'
+        )
+    if found >= TRANSFORMERS_CEILING and not _warned_untested:
+        _warned_untested = True
+        warnings.warn(
+            f"this PAPA checkpoint's code was tested with transformers>={floor},<{ceiling}; transformers {version} "
+            f"is newer: it should load, but if its outputs look wrong, compare with "
+            f'pip install "transformers>={floor},<{ceiling}"',
+            UserWarning,
+            stacklevel=2,
         )
 
 

@@ -53,6 +53,8 @@ class Family:
             attention interface, before it).
         fused_qkv: ``q``, ``k`` and ``v`` name one fused projection with rows ``[Q; K; V]`` (ModernBERT's
             ``Wqkv``), which the family's forward splits into three equal blocks of every head.
+        rotary: the function of the family's modeling module that rotates query and key (a fused family's PAPA
+            forward applies it to the kept heads only), else ``None``.
         kv_heads_attr: config attribute holding the number of key/value heads of grouped-query
             attention (EuroBERT), else ``None``.
         window_attr: config attribute holding the half width w of a local layer's sliding window
@@ -79,6 +81,7 @@ class Family:
     auto_classes: dict = field(default_factory=dict)
     min_transformers: tuple[int, int] = (5, 0)
     fused_qkv: bool = False
+    rotary: str | None = None
     kv_heads_attr: str | None = None
     window_attr: str | None = None
     notes: str = ""
@@ -217,12 +220,14 @@ FAMILIES: dict[str, Family] = {
             out="Wo",
             output_projection="Wo",
             fused_qkv=True,
+            rotary="apply_rotary_pos_emb",
             window_attr="sliding_window",
             auto_classes=_heads("ModernBert"),
             min_transformers=_MODERN,
             notes=(
-                f"{_ROTARY}; fused Wqkv keeps the kept heads' Q/K rows (the constant heads' Q/K enter the "
-                "forward as zeros); a local layer's constants are masked to its sliding window at use"
+                f"{_ROTARY}; fused Wqkv keeps the kept heads' Q/K rows (a layer with constant heads runs a PAPA "
+                "forward that splits, rotates and attends with those only); a local layer's constants are masked to "
+                "its sliding window at use"
             ),
         ),
         Family(

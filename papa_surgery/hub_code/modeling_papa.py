@@ -7,9 +7,10 @@ only, on first use (``papa_model_class``, or by name through this module's ``__g
 
 At construction (``post_init``, before weights are initialised or loaded) the self-attention modules
 become PAPA attention according to ``config.papa_constant_heads``. In ``forward`` the model turns the
-batch's ids and attention mask into slot indices (``slots.py``) and passes them down as an argument:
-the ``papa_slots`` keyword for families that dispatch through transformers' attention interface, a
-call-scoped context for the others (``overrides.py``). Nothing is stored on the model between calls.
+batch's ids and attention mask into slot indices (``slots.py``) and their plan in the shared compressed slot
+space (``slot_plan.py``), once for every layer, and passes it down as an argument: the ``papa_plan`` keyword
+for families that dispatch through transformers' attention interface, a call-scoped context for the others
+(``overrides.py``). Nothing about a batch is stored on the model between calls.
 
 This file ships inside every PAPA checkpoint: it imports only torch, transformers and siblings.
 """
@@ -30,11 +31,13 @@ from transformers import initialization as init
 # relative imports into its module cache when loading a checkpoint folder, not theirs.
 from .compact_constants import COMPACT_PARTS, CompactLayout
 from .configuration_papa import papa_config_class
+from .constant_heads import constant_attention  # noqa: F401  (imported for the copy only)
 from .families import FAMILIES, family_for
 from .heads import PapaHeads
 from .overrides import attention_class, layer_class, slot_scope
 from .papa_attention import PAPA_PREFIX, register_papa_attention, setup_interface_attention
 from .shrink import shrink_linear  # noqa: F401  (imported for the copy only)
+from .slot_plan import SlotPlan
 from .slots import compute_slots, is_tracing
 
 register_papa_attention()
@@ -165,6 +168,18 @@ class PapaModelMixin:
         Callers that pass ``inputs_embeds`` for sentence pairs compute the slots from the pair's ids and
         pass them as ``papa_slots=``: embeddings alone do not say where the second segment starts.
         """
+        return compute_slots(*self._slot_arguments(input_ids, attention_mask, inputs_embeds))
+
+    def papa_plan(
+        self,
+        input_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+    ) -> SlotPlan:
+        """The batch's :class:`~slot_plan.SlotPlan` (slots and their compressed layout), as ``forward`` builds it."""
+        return SlotPlan.from_tokens(*self._slot_arguments(input_ids, attention_mask, inputs_embeds))
+
+    def _slot_arguments(self, input_ids, attention_mask, inputs_embeds) -> tuple:
         config = self.config
         # Multiple-choice heads take (B, C, N) inputs and run the encoder on (B*C, N).
         input_ids = input_ids.reshape(-1, input_ids.shape[-1]) if input_ids is not None else None
@@ -174,7 +189,7 @@ class PapaModelMixin:
         if input_ids is None and inputs_embeds is not None:  # (..., N, hidden)
             shape, device = (inputs_embeds[..., 0, 0].numel(), inputs_embeds.shape[-2]), inputs_embeds.device
         sep = config.papa_sep_token_id if input_ids is not None else None
-        return compute_slots(input_ids, attention_mask, int(config.papa_max_length), sep, shape=shape, device=device)
+        return input_ids, attention_mask, int(config.papa_max_length), sep, shape, device
 
     def forward(self, papa_slots: torch.Tensor | None = None, **inputs):
         """The source class's ``forward``, with the batch's slots passed down to the constant heads.
@@ -200,10 +215,12 @@ class PapaModelMixin:
                 raise ValueError("pass input_ids or inputs_embeds to a PAPA model")
             if input_ids is None:
                 _refuse_embedded_pairs(inputs.get("token_type_ids"), inputs.get("attention_mask"))
-            papa_slots = self.papa_slots(input_ids, inputs.get("attention_mask"), embeds)
+            plan = self.papa_plan(input_ids, inputs.get("attention_mask"), embeds)
+        else:
+            plan = SlotPlan.from_slots(papa_slots.reshape(-1, papa_slots.shape[-1]), int(self.config.papa_max_length))
         if self.papa_uses_interface:
-            return run(**inputs, papa_slots=papa_slots)
-        with slot_scope(papa_slots):
+            return run(**inputs, papa_plan=plan)
+        with slot_scope(plan):
             return run(**inputs)
 
 

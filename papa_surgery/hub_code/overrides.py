@@ -2,8 +2,8 @@
 
 These families compute the softmax inside their self-attention module and their base models pass no
 extra keyword down to it, so their self-attention ``forward`` is overridden (a subclass, never a copy of
-the module) and the batch's slots reach it through :func:`slot_scope`, a context variable the PAPA model
-sets for the duration of its own ``forward``. A context variable is per thread and per call, so
+the module) and the batch's slot plan (``slot_plan.SlotPlan``) reaches it through :func:`slot_scope`, a context
+variable the PAPA model sets for the duration of its own ``forward``. A context variable is per thread and per call, so
 concurrent and nested forwards each see their own slots.
 
 Gradient checkpointing recomputes a layer during the backward pass, after the model's ``forward`` has
@@ -25,33 +25,33 @@ from contextvars import ContextVar
 import torch
 from torch import nn
 
-from .compact_constants import constants_of
+from .constant_heads import constant_attention
 from .heads import PapaHeads, combine_heads, select_heads
 from .papa_attention import add_constants
 from .shrink import shrink_linear, shrink_projections
-from .slots import constant_attention
+from .slot_plan import SlotPlan
 
-_SLOTS: ContextVar[torch.Tensor | None] = ContextVar("papa_slots", default=None)
+_PLAN: ContextVar[SlotPlan | None] = ContextVar("papa_plan", default=None)
 
 
 @contextlib.contextmanager
-def slot_scope(slots: torch.Tensor | None):
-    """Make ``slots`` (B, N) the current batch's slots for override-family attention."""
-    token = _SLOTS.set(slots)
+def slot_scope(plan: SlotPlan | None):
+    """Make ``plan`` the current batch's slot plan for override-family attention."""
+    token = _PLAN.set(plan)
     try:
         yield
     finally:
-        _SLOTS.reset(token)
+        _PLAN.reset(token)
 
 
-def current_slots() -> torch.Tensor:
-    slots = _SLOTS.get()
-    if slots is None:
+def current_plan() -> SlotPlan:
+    plan = _PLAN.get()
+    if plan is None:
         raise ValueError(
             "PAPA constant heads need the batch's slots: call the PAPA model itself (model(...) or "
             "model.forward(...)), not one of its layers"
         )
-    return slots
+    return plan
 
 
 class _OverrideMixin:
@@ -68,10 +68,11 @@ class _OverrideMixin:
         if heads.const:
             v_const = value if heads.mixed else select_heads(value, heads.const, h)
             drop = self.dropout.p if self.training else 0.0
-            const_ctx, const_p = constant_attention(constants_of(self), current_slots(), v_const, drop)
+            const_ctx, const_p = constant_attention(self, current_plan(), v_const, drop, weights=output_attentions)
+        kept_ctx = None if kept_ctx is None else kept_ctx.transpose(1, 2)  # (B, N, Hk, d)
         logits = self.papa_lambda_logits if heads.mixed else None
-        ctx = combine_heads(kept_ctx, const_ctx, heads, dim=1, lambda_logits=logits)  # (B, H, N, d)
-        ctx = ctx.transpose(1, 2).reshape(b, n, h * d)
+        ctx = combine_heads(kept_ctx, const_ctx, heads, dim=2, lambda_logits=logits)  # (B, N, H, d)
+        ctx = ctx.reshape(b, n, h * d)
         if not output_attentions:
             return ctx, None
         return ctx, combine_heads(kept_w, const_p, heads, dim=1, lambda_logits=logits)  # (B, H, N, N)
@@ -227,11 +228,11 @@ class SlotScopedLayerMixin:
     """A checkpointed layer that carries the slots in force at call time into its (re)computation."""
 
     def __call__(self, *args, **kwargs):
-        kwargs.setdefault("papa_slots", _SLOTS.get())
+        kwargs.setdefault("papa_plan", _PLAN.get())
         return super().__call__(*args, **kwargs)
 
-    def forward(self, *args, papa_slots=None, **kwargs):
-        with slot_scope(papa_slots):
+    def forward(self, *args, papa_plan=None, **kwargs):
+        with slot_scope(papa_plan):
             return super().forward(*args, **kwargs)
 
 

@@ -27,9 +27,8 @@ def no_heads(hidden_states: torch.Tensor, head_dim: int) -> torch.Tensor:
 class PapaFusedQKV(nn.Module):
     """A fused ``[Q; K; V]`` projection that computes only the kept heads' Q/K rows (and every V row).
 
-    Its output has the source's width and layout, ``[Q | K | V]`` of H heads each, so the family's forward
-    splits it unchanged; within the Q and K blocks the kept heads come first and the constant heads'
-    places hold zeros (never read: the attention function keeps the first Hk heads of Q and K).
+    Its output is the three blocks ``(q, k, v)``, (..., Hk d), (..., Hk d) and (..., H d): the layer's PAPA forward
+    (``papa_attention.PapaFusedAttentionMixin``) rotates and attends with the kept heads' Q/K only.
     """
 
     def __init__(self, linear: nn.Linear, heads: PapaHeads):
@@ -39,14 +38,11 @@ class PapaFusedQKV(nn.Module):
         rows = [*kept, *(h * d + r for r in kept), *range(2 * h * d, 3 * h * d)]
         self.rows = rows
         self.kept_width = len(kept)  # Hk * d
-        self.const_width = (h - len(heads.kept)) * d  # Hc * d
         self.proj = shrink_linear(linear, rows)
 
-    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+    def forward(self, hidden_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         y = self.proj(hidden_states)  # (..., (2 Hk + H) d)
-        q, k, v = y.split([self.kept_width, self.kept_width, y.shape[-1] - 2 * self.kept_width], dim=-1)
-        zeros = y.new_zeros(()).expand(*y.shape[:-1], self.const_width)  # (..., Hc d), not allocated
-        return torch.cat([q, zeros, k, zeros, v], dim=-1)  # (..., 3 H d)
+        return y.split([self.kept_width, self.kept_width, y.shape[-1] - 2 * self.kept_width], dim=-1)
 
 
 def shrink_linear(linear: nn.Linear, rows: list[int]) -> nn.Linear:
@@ -98,14 +94,17 @@ def _record_rows(module: nn.Module, local: str, source: str, rows: list[int], bi
         module.papa_rows[f"{local}.{part}"] = (f"{source}.{part}", rows)
 
 
-def shrink_fused(module: nn.Module, name: str, heads: PapaHeads) -> None:
-    """Replace a fused ``[Q; K; V]`` projection by :class:`PapaFusedQKV` when the layer has constant heads."""
+def shrink_fused(module: nn.Module, name: str, heads: PapaHeads) -> bool:
+    """Replace a fused ``[Q; K; V]`` projection by :class:`PapaFusedQKV` when the layer has constant heads.
+
+    Returns whether it did (the layer then needs the PAPA forward that reads the three blocks).
+    """
     if not heads.const or heads.mixed:
-        return
+        return False
     fused = PapaFusedQKV(getattr(module, name), heads)
     setattr(module, name, fused)
-    module.papa_zero_qk = True  # the Q/K handed to the attention function carry zeros for the constant heads
     _record_rows(module, f"{name}.proj", name, fused.rows, fused.proj.bias is not None)
+    return True
 
 
 def shrink_grouped(module: nn.Module, family, heads: PapaHeads) -> None:
