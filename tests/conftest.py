@@ -491,3 +491,24 @@ def fake_hub(tmp_path, monkeypatch):
         monkeypatch.setenv("HF_ENDPOINT", server.endpoint)
         monkeypatch.setattr(constants, "ENDPOINT", server.endpoint)
         yield server
+
+
+def onnx_session(model, inputs: dict, path: Path, max_length: int):
+    """``model(input_ids, attention_mask)`` exported to ONNX (torch's dynamo exporter, dynamic batch and length up
+    to ``max_length``) from the example ``inputs``, as an onnxruntime CPU session (skips without onnxruntime)."""
+    import warnings
+
+    pytest.importorskip("onnxscript")
+    ort = pytest.importorskip("onnxruntime")
+    b, n = torch.export.Dim("batch"), torch.export.Dim("length", max=max_length)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(
+            model,
+            (inputs["input_ids"], inputs["attention_mask"]),
+            str(path),
+            dynamo=True,
+            input_names=["input_ids", "attention_mask"],
+            dynamic_shapes=({0: b, 1: n}, {0: b, 1: n}),
+        )
+    return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])

@@ -10,11 +10,10 @@ from __future__ import annotations
 
 import json
 import threading
-import warnings
 
 import pytest
 import torch
-from conftest import FAMILY_TYPES, MODERN_TYPES, PAIRS, SENTENCES, make_constants
+from conftest import FAMILY_TYPES, MODERN_TYPES, PAIRS, SENTENCES, make_constants, onnx_session
 
 from papa_surgery.calibration.constants import Constants
 from papa_surgery.conversion.checkpoint import save_checkpoint
@@ -86,26 +85,12 @@ def test_torch_export_with_dynamic_shapes_matches_eager(tiny, model_type):
 @pytest.mark.slow  # slow tier: ONNX export
 @pytest.mark.parametrize("model_type", FAMILY_TYPES)
 def test_onnx_dynamo_export_matches_eager(tiny, model_type, tmp_path):
-    pytest.importorskip("onnxscript")
-    ort = pytest.importorskip("onnxruntime")
     # ModernBERT's sdpa graph (sliding-window mask) exports unfaithfully to ONNX, its source model too (max
     # difference ~0.8 with no constant head, transformers 5.23, torch's dynamo exporter); eager exports exactly.
     _, tok, papa = papa_of(tiny, model_type, attn="eager" if model_type == "modernbert" else None)
     model = Encoder(papa).eval()
     first, second = batch(tok, SENTENCES[:2]), batch(tok, PAIRS, pairs=True)
-    b, n = torch.export.Dim("batch"), torch.export.Dim("length", max=L)
-    path = tmp_path / "model.onnx"
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        torch.onnx.export(
-            model,
-            (first["input_ids"], first["attention_mask"]),
-            str(path),
-            dynamo=True,
-            input_names=["input_ids", "attention_mask"],
-            dynamic_shapes=({0: b, 1: n}, {0: b, 1: n}),
-        )
-    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    session = onnx_session(model, first, tmp_path / "model.onnx", L)
     feed = {"input_ids": second["input_ids"].numpy(), "attention_mask": second["attention_mask"].numpy()}
     got = torch.from_numpy(session.run(None, feed)[0])
     with torch.no_grad():

@@ -9,11 +9,9 @@ returned plausible numbers.
 
 from __future__ import annotations
 
-import warnings
-
 import pytest
 import torch
-from conftest import SENTENCES, make_constants
+from conftest import SENTENCES, make_constants, onnx_session
 
 from papa_surgery.calibration.constants import Constants
 from papa_surgery.conversion.surgery import convert
@@ -55,22 +53,8 @@ def test_torch_export_says_what_eager_says(tiny):
 
 
 def test_onnx_gives_nan_for_an_over_long_example_and_leaves_the_others(tiny, tmp_path):
-    pytest.importorskip("onnxscript")
-    ort = pytest.importorskip("onnxruntime")
     model, first, long, mask = _model_and_batches(tiny)
-    path = tmp_path / "model.onnx"
-    b, n = torch.export.Dim("batch"), torch.export.Dim("length", max=L + 20)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        torch.onnx.export(
-            model,
-            (first["input_ids"], first["attention_mask"]),
-            str(path),
-            dynamo=True,
-            input_names=["input_ids", "attention_mask"],
-            dynamic_shapes=({0: b, 1: n}, {0: b, 1: n}),
-        )
-    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    session = onnx_session(model, first, tmp_path / "model.onnx", L + 20)
     got = torch.from_numpy(session.run(None, {"input_ids": long.numpy(), "attention_mask": mask.numpy()})[0])
     assert torch.isnan(got[0]).all()
     with torch.no_grad():
