@@ -18,6 +18,7 @@ its constants frozen and stored as before, and no peft (a healed checkpoint load
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 
 from torch import nn
@@ -176,4 +177,7 @@ def _with_lora(student, targets: tuple[str, ...], rank: int, alpha: float | None
         lora_dropout=0.0,
         bias="none",
     )
-    return get_peft_model(student, config)
+    with warnings.catch_warnings():
+        # peft asks the model's deprecated ``is_gradient_checkpointing`` (transformers 5.x warns): not the user's doing
+        warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+        return get_peft_model(student, config)
