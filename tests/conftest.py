@@ -493,6 +493,17 @@ def fake_hub(tmp_path, monkeypatch):
         yield server
 
 
+class Encoder(torch.nn.Module):
+    """(input_ids, attention_mask) -> last hidden state: the signature exporters take."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids, attention_mask):
+        return self.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+
+
 def onnx_session(model, inputs: dict, path: Path, max_length: int):
     """``model(input_ids, attention_mask)`` exported to ONNX (torch's dynamo exporter, dynamic batch and length up
     to ``max_length``) from the example ``inputs``, as an onnxruntime CPU session (skips without onnxruntime)."""

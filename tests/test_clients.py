@@ -13,7 +13,7 @@ import threading
 
 import pytest
 import torch
-from conftest import FAMILY_TYPES, MODERN_TYPES, PAIRS, SENTENCES, make_constants, onnx_session
+from conftest import FAMILY_TYPES, MODERN_TYPES, PAIRS, SENTENCES, Encoder, make_constants, onnx_session
 
 from papa_surgery.calibration.constants import Constants
 from papa_surgery.conversion.checkpoint import save_checkpoint
@@ -44,17 +44,6 @@ def batch(tok, examples, pairs=False):
     if pairs:
         return tok([a for a, _ in examples], [b for _, b in examples], padding=True, return_tensors="pt")
     return tok(list(examples), padding=True, return_tensors="pt")
-
-
-class Encoder(torch.nn.Module):
-    """(input_ids, attention_mask) -> last hidden state: the signature exporters take."""
-
-    def __init__(self, model):
-        super().__init__()
-        self.model = model
-
-    def forward(self, input_ids, attention_mask):
-        return self.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
 
 
 # --- export and compile -----------------------------------------------------------------------------------

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import SENTENCES, make_constants, onnx_session
+from conftest import SENTENCES, Encoder, make_constants, onnx_session
 
 from papa_surgery.calibration.constants import Constants
 from papa_surgery.conversion.surgery import convert
@@ -19,15 +19,6 @@ from papa_surgery.conversion.surgery import convert
 pytestmark = [pytest.mark.usefixtures("one_thread"), pytest.mark.slow]  # torch.export and ONNX
 
 L = 24
-
-
-class Encoder(torch.nn.Module):
-    def __init__(self, model):
-        super().__init__()
-        self.model = model
-
-    def forward(self, input_ids, attention_mask):
-        return self.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
 
 
 def _model_and_batches(tiny):
