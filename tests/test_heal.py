@@ -339,3 +339,31 @@ def test_cli_heal_stopped_midway_writes_nothing_and_the_rerun_resumes(tiny, tmp_
     assert whole.keys() == resumed.keys() and all(torch.equal(whole[k], resumed[k]) for k in whole)
     record = json.loads((tmp_path / "resumed" / "papa_recipe.json").read_text())["healing"]
     assert record["resumed_from_step"] == 4
+
+
+@pytest.mark.parametrize("modes", [("mean",), ("cls", "max"), ("weightedmean", "lasttoken"), ("mean_sqrt_len_tokens",)])
+def test_the_sentence_pipeline_equals_sentence_transformers_encode(tiny, tmp_path, modes):
+    """healing/sentence.py rebuilds Pooling, Dense and Normalize from the folder's files: the same numbers as
+    ``SentenceTransformer.encode`` on padded batches of mixed lengths."""
+    st = pytest.importorskip("sentence_transformers")
+    from sentence_transformers import models
+
+    from papa_surgery.healing.sentence import sentence_pipeline
+
+    source = tiny.save("bert", tmp_path / "hf")
+    encoder = models.Transformer(str(source), max_seq_length=L)
+    width = encoder.get_word_embedding_dimension()
+    pooling = models.Pooling(width, pooling_mode=list(modes))
+    torch.manual_seed(0)
+    dense = models.Dense(pooling.get_sentence_embedding_dimension(), 8, activation_function=torch.nn.Tanh())
+    model = st.SentenceTransformer(modules=[encoder, pooling, dense, models.Normalize()], device="cpu")
+    model.save(str(tmp_path / "st"))
+    pipeline, why_not = sentence_pipeline(str(tmp_path / "st"))
+    assert pipeline is not None, why_not
+    texts = CORPUS[:6]
+    expected = torch.as_tensor(model.encode(texts, batch_size=6, convert_to_numpy=True))
+    tok, hf = model.tokenizer, model[0].auto_model.eval()
+    enc = tok(texts, padding=True, truncation=True, max_length=L, return_tensors="pt")
+    with torch.no_grad():
+        got = pipeline(hf(**enc).last_hidden_state, enc["attention_mask"])
+    assert got.shape == expected.shape and float((got - expected).abs().max()) <= 1e-5
