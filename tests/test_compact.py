@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 
@@ -35,9 +36,10 @@ def test_structured_kinds_compact_exactly(kind):
     assert torch.allclose(compacted(values, layout), values, atol=1e-6)
 
 
-def _cell_by_cell(parts: dict, length: int, band: int, special: tuple) -> torch.Tensor:
+def _cell_by_cell(parts: dict, length: int, band: int, special: tuple, clamped: bool = False) -> torch.Tensor:
     """The matrices the compact parts stand for, read one cell at a time from the storage's definition (no
-    shared code with ``rebuild``): a special slot's row, else its column, else the band, else profile + u . v."""
+    shared code with ``rebuild``): a special slot's column, else its row, else the band, else profile + u . v;
+    clamped at 0 for checkpoints of format 1."""
     heads = parts["papa_constants_profile"].shape[0]
     out = torch.zeros(heads, length, length, dtype=torch.float64)
     for h in range(heads):
@@ -52,17 +54,19 @@ def _cell_by_cell(parts: dict, length: int, band: int, special: tuple) -> torch.
                 else:
                     u, v = parts["papa_constants_u"][h, i], parts["papa_constants_v"][h, j]
                     value = parts["papa_constants_profile"][h, j - i + length - 1] + float((u * v).sum())
-                out[h, i, j] = max(float(value), 0.0)
+                out[h, i, j] = max(float(value), 0.0) if clamped else float(value)
     return out
 
 
+@pytest.mark.parametrize("clamped", [False, True], ids=["format2", "format1"])
 @pytest.mark.parametrize("pairs", [False, True])
-def test_rebuild_equals_an_independent_cell_by_cell_reading(pairs):
+def test_rebuild_equals_an_independent_cell_by_cell_reading(pairs, clamped):
     length, band, rank = 12, 2, 3
-    layout = layout_for("compact", length, pairs=pairs, band=band, rank=rank)
+    layout = dataclasses.replace(layout_for("compact", length, pairs=pairs, band=band, rank=rank), clamped=clamped)
     g = torch.Generator().manual_seed(1)
     parts = {name: torch.randn(shape, generator=g) for name, shape in layout.shapes(2).items()}  # negatives too
-    expected = _cell_by_cell(parts, length, band, layout.special)
+    expected = _cell_by_cell(parts, length, band, layout.special, clamped)
+    assert (expected < 0).any() != clamped  # format 2 keeps negative cells, format 1 clamps them
     assert torch.allclose(rebuild(parts, layout).double(), expected, atol=1e-5)
     # and compaction of real-looking constants stores what it claims: exact where it says so
     values = _random_constants(1, 2, length).values[0]

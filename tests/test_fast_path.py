@@ -148,7 +148,9 @@ def test_prepared_constants_are_kept_until_the_constants_change():
 
 
 def _reference_attention(module, plan, value, dropout=0.0, window=None, weights=False):
-    ctx, p = reference_constant_attention(constants_of(module), plan.slots, value, dropout, window)
+    # Compact constants of format 2 are used as stored (negative cells too); dense ones count negatives as 0.
+    clamp = constant_heads._clamps(module)
+    ctx, p = reference_constant_attention(constants_of(module), plan.slots, value, dropout, window, clamp)
     return ctx.transpose(1, 2), p if weights else None
 
 

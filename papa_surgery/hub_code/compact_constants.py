@@ -46,12 +46,16 @@ class CompactLayout:
         rank: r, the rank of the residual off the band.
         special: slots whose rows and columns are stored exactly ([CLS] at 0, the final separator at L-1, and a
             pair's middle separator at L/2 for constants calibrated on pairs).
+        clamped: the matrices are their dense rebuild clamped at 0 (checkpoints of format 1). From format 2 the
+            parts are used as stored, which is what lets a long input apply them without rebuilding them
+            (``structured_constants.py``).
     """
 
     max_length: int
     band: int
     rank: int
     special: tuple[int, ...]
+    clamped: bool = False
 
     @classmethod
     def from_config(cls, config) -> CompactLayout | None:
@@ -61,7 +65,8 @@ class CompactLayout:
             return None
         length = int(config.papa_max_length)
         pairs = getattr(config, "papa_calibrated_on", None) == "pairs"
-        return cls(length, int(band), int(rank), special_slots(length, pairs))
+        clamped = int(getattr(config, "papa_format_version", 2) or 1) < 2
+        return cls(length, int(band), int(rank), special_slots(length, pairs), clamped)
 
     def shapes(self, heads: int) -> dict[str, tuple[int, ...]]:
         """Shape of every stored part for ``heads`` constant heads."""
@@ -87,7 +92,7 @@ def special_slots(max_length: int, pairs: bool) -> tuple[int, ...]:
 
 
 def rebuild(parts: dict[str, torch.Tensor], layout: CompactLayout) -> torch.Tensor:
-    """(Hc, L, L) float32 constant matrices from their compact parts (non-negative)."""
+    """(Hc, L, L) float32 constant matrices from their compact parts (clamped at 0 for ``layout.clamped``)."""
     length, w = layout.max_length, layout.band
     profile = parts["papa_constants_profile"].float()  # (Hc, 2L-1)
     d = layout.offsets(profile.device)  # (L, L)
@@ -100,7 +105,7 @@ def rebuild(parts: dict[str, torch.Tensor], layout: CompactLayout) -> torch.Tens
     special = torch.tensor(layout.special, device=dense.device)
     dense = dense.index_copy(1, special, parts["papa_constants_rows"].float())  # (Hc, S, L) rows
     dense = dense.index_copy(2, special, parts["papa_constants_cols"].float())  # (Hc, L, S) columns
-    return dense.clamp_min(0)
+    return dense.clamp_min(0) if layout.clamped else dense
 
 
 def add_compact_constants(module, heads: int, layout: CompactLayout, dtype: torch.dtype, device, trained=False) -> None:

@@ -17,7 +17,7 @@ import transformers
 
 from .families import FAMILIES, family_for
 
-PAPA_FORMAT_VERSION = 1
+PAPA_FORMAT_VERSION = 2
 
 # The transformers releases this code is tested against: [floor, ceiling). Older releases are refused (the code
 # uses what they lack); newer ones load with a warning, so a published checkpoint keeps working the day a new

@@ -28,9 +28,12 @@ import weakref
 
 import torch
 
-from .compact_constants import COMPACT_PARTS, constants_of, rebuild
+from .compact_constants import COMPACT_PARTS, CompactLayout, constants_of, rebuild
 from .slot_plan import SlotPlan
 from .slots import is_tracing, reference_constant_attention
+from .structured_constants import STRUCTURED_FROM, STRUCTURED_WINDOWED_FROM, DenseSlots, StructuredSlots
+
+PREPARED_UP_TO = 512  # compact constants up to this L keep their dense rebuild per module (Hc L^2 values)
 
 # module -> (dtype, [(weakref to a source tensor, its version)], matrix): the prepared constants of each module.
 # A weak table, not a module attribute: nothing to pickle or deep-copy, and gone with the module.
@@ -44,6 +47,17 @@ def _sources(module) -> list[torch.Tensor]:
     return [module.papa_constants]
 
 
+def _structured(module) -> CompactLayout | None:
+    """The compact layout of a module whose parts are used as stored (format 2), else ``None``."""
+    layout = getattr(module, "papa_compact_layout", None)
+    return None if layout is None or layout.clamped else layout
+
+
+def _clamps(module) -> bool:
+    """Whether negative cells count as 0: dense constants and format-1 compact ones (``CompactLayout.clamped``)."""
+    return _structured(module) is None
+
+
 def _dense(module) -> torch.Tensor:
     """(Hc, L, L) constants without the compact module cache (which would hold a second copy)."""
     layout = getattr(module, "papa_compact_layout", None)
@@ -53,9 +67,8 @@ def _dense(module) -> torch.Tensor:
 
 
 def prepared_constants(module, dtype: torch.dtype) -> torch.Tensor:
-    """(Hc, L, L) clamped constants in ``dtype``, rows and columns in compressed order (slot L-1 first).
-
-    Kept until a source tensor changes; needs no host sync after the first call.
+    """(Hc, L, L) constants in ``dtype`` (clamped where :func:`_clamps`), rows and columns in compressed order
+    (slot L-1 first). Kept until a source tensor changes; needs no host sync after the first call.
     """
     sources = _sources(module)
     entry = _PREPARED.get(module)
@@ -64,24 +77,43 @@ def prepared_constants(module, dtype: torch.dtype) -> torch.Tensor:
             return entry[2]
     # Built outside inference mode, so that a later forward with autograd on can still use it.
     with torch.inference_mode(False), torch.no_grad():
-        matrix = torch.roll(_dense(module).to(dtype).clamp_min(0), shifts=(1, 1), dims=(1, 2))  # L-1 first
+        matrix = _dense(module).to(dtype)
+        matrix = torch.roll(matrix.clamp_min(0) if _clamps(module) else matrix, shifts=(1, 1), dims=(1, 2))
     _PREPARED[module] = (dtype, [(weakref.ref(t), t._version) for t in sources], matrix)
     return matrix
 
 
-def compressed_constants(module, plan: SlotPlan, dtype: torch.dtype) -> torch.Tensor:
-    """(Hc, S, S) ``C_S``: the constants' rows and columns of the slots the batch uses, clamped at 0."""
+def compressed_constants(module, plan: SlotPlan, dtype: torch.dtype, window: int | None = None):
+    """``C_S``, the constants' rows and columns of the slots the batch uses, as the product should use them.
+
+    Dense constants give a :class:`~structured_constants.DenseSlots` (clamped at 0). Compact constants of format 2
+    give a :class:`~structured_constants.StructuredSlots` from ``STRUCTURED_FROM`` rows on (a local layer's
+    from ``STRUCTURED_WINDOWED_FROM``, or at any S above L = ``PREPARED_UP_TO``); below that a dense ``C_S``:
+    up to L = ``PREPARED_UP_TO`` sliced from a dense rebuild kept per module, like dense constants, above it
+    (and in traced graphs) built from the parts, never the (L, L) matrices.
+    """
     sources = _sources(module)
-    if is_tracing() or (torch.is_grad_enabled() and any(t.requires_grad for t in sources)):
+    layout = _structured(module)
+    if layout is not None:
+        parts = {name: getattr(module, name) for name in COMPACT_PARTS}
+        wide = torch.promote_types(dtype, torch.float32)
+        if is_tracing():
+            return StructuredSlots(parts, layout, plan.slot_order, None, wide).dense()
+        long = layout.max_length > PREPARED_UP_TO  # no dense rebuild kept: C_S would be built per forward
+        if plan.size >= (STRUCTURED_FROM if window is None else STRUCTURED_WINDOWED_FROM) or (long and window):
+            return StructuredSlots.of_plan(parts, layout, plan, wide)
+        if long:
+            return StructuredSlots(parts, layout, plan.slot_order, None, wide).dense()
+    elif is_tracing() or (torch.is_grad_enabled() and any(t.requires_grad for t in sources)):
         order = plan.slot_order  # in the graph: gradients reach trainable constants, exports need no state
-        return _dense(module).index_select(1, order).index_select(2, order).to(dtype).clamp_min(0)
+        return DenseSlots(_dense(module).index_select(1, order).index_select(2, order).to(dtype).clamp_min(0))
     prepared = prepared_constants(module, dtype)
     half, size = plan.max_length // 2, plan.size
     if plan.second == 0 or plan.first == half:  # the rows in use are one prefix of the compressed order
-        return prepared[:, :size, :size]
+        return DenseSlots(prepared[:, :size, :size])
     order = torch.cat([torch.arange(1 + plan.first), 1 + half + torch.arange(plan.second)]).to(prepared.device)
     top = prepared[:, : 1 + half + plan.second, : 1 + half + plan.second]
-    return top.index_select(1, order).index_select(2, order)
+    return DenseSlots(top.index_select(1, order).index_select(2, order))
 
 
 def constant_attention(
@@ -108,15 +140,17 @@ def constant_attention(
     if dropout > 0 or (window is not None and not plan.structured):
         # Per-example matrices are needed anyway: dropout drops single cells of them; explicit slots say
         # nothing about where a window's tokens are in the compressed space.
-        ctx, p = reference_constant_attention(constants_of(module), plan.slots, value, dropout, window)
+        ctx, p = reference_constant_attention(
+            constants_of(module), plan.slots, value, dropout, window, clamp=_clamps(module)
+        )
         return ctx.transpose(1, 2), p if weights else None
     b, hc, n, d = value.shape
     size = plan.size
-    matrix = compressed_constants(module, plan, value.dtype)  # (Hc, S, S)
+    matrix = compressed_constants(module, plan, value.dtype, window)  # C_S (Hc, S, S), dense or structured
     block = _scatter(plan, value)  # (Hc, S+1, B, d+1)
     rows = block[:, :size].reshape(hc, size, b * (d + 1))
     if window is None:
-        out = torch.bmm(matrix, rows)  # (Hc, S, B (d+1))
+        out = matrix.product(rows).to(value.dtype)  # (Hc, S, B (d+1))
     else:
         out = _windowed(matrix, block, plan, window)
     if is_tracing():  # indexing two dimensions: no (S B) flattening, whose symbolic size export cannot prove
@@ -127,7 +161,8 @@ def constant_attention(
     context = (out[..., :d] * scale).view(b, n, hc, d)  # (B, N, Hc, d)
     if not weights:
         return context, None
-    return context, reference_constant_attention(constants_of(module), plan.slots, value, 0.0, window)[1]
+    clamp = _clamps(module)
+    return context, reference_constant_attention(constants_of(module), plan.slots, value, 0.0, window, clamp)[1]
 
 
 def _scatter(plan: SlotPlan, value: torch.Tensor) -> torch.Tensor:
@@ -141,24 +176,27 @@ def _scatter(plan: SlotPlan, value: torch.Tensor) -> torch.Tensor:
     return block
 
 
-def _windowed(matrix: torch.Tensor, block: torch.Tensor, plan: SlotPlan, window: int) -> torch.Tensor:
-    """(Hc, S, B (d+1)) numerators and normalisers of a local layer (see the module docstring)."""
-    hc, size = matrix.shape[0], plan.size
+def _windowed(matrix, block: torch.Tensor, plan: SlotPlan, window: int) -> torch.Tensor:
+    """(Hc, S, B (d+1)) numerators and normalisers of a local layer (see the module docstring).
+
+    ``matrix`` is ``C_S`` (``DenseSlots`` or ``StructuredSlots``): its band of the window, and single cells.
+    """
+    hc, size = block.shape[0], plan.size
     b, width = block.shape[2], block.shape[3]
-    device = matrix.device
+    device, dtype = block.device, block.dtype
     idx = torch.arange(size, device=device)
-    band = ((idx[:, None] - idx[None, :]).abs() <= window) & (idx[:, None] > 0) & (idx[None, :] > 0)  # (S, S)
+    zero = idx[:1]
     rows = block[:, :size]  # (Hc, S, B, d+1)
-    out = torch.bmm(matrix * band, rows.reshape(hc, size, b * width)).view(hc, size, b, width)
+    out = matrix.band_product(rows.reshape(hc, size, b * width), window).to(dtype).view(hc, size, b, width)
 
     rank, n_real, before, jump = plan.window_rows()
     # The final separator (row 0, rank n-1): its column for every row within the window, and its own row.
     near_last = ((n_real - 1)[None, :] - rank <= window) & (plan.row_mask > 0)  # (S, B)
-    near_last = near_last.to(matrix.dtype)
-    column = matrix[:, :, :1] * near_last[None]  # (Hc, S, B)
+    near_last = near_last.to(dtype)
+    column = matrix.cells(idx, zero).to(dtype) * near_last[None]  # (Hc, S, B): the final separator's column
     column[:, 0] = 0
     out = out + column[..., None] * rows[:, :1]  # rank-1 term of every example
-    own = matrix[:, 0, :, None] * near_last[None]  # (Hc, S, B): the final separator's row
+    own = matrix.cells(zero, idx)[:, 0, :, None].to(dtype) * near_last[None]  # (Hc, S, B): its row
     out[:, 0] = torch.einsum("hsb,hsbe->hbe", own, rows)
 
     # Across a pair's middle: tokens a and b' steps before / after it are a + b' + 1 apart, their rows a + b' + 1
@@ -175,9 +213,9 @@ def _windowed(matrix: torch.Tensor, block: torch.Tensor, plan: SlotPlan, window:
     at = torch.arange(b, device=device)[:, None]
     first_vals = rows[:, first_rows, at]  # (Hc, B, w, d+1)
     second_vals = rows[:, second_rows, at]
-    m = missing.to(matrix.dtype)
-    forward = matrix[:, first_rows[:, :, None], second_rows[:, None, :]] * m  # (Hc, B, w, w) first -> second
-    backward = matrix[:, second_rows[:, :, None], first_rows[:, None, :]] * m.transpose(1, 2)
+    m = missing.to(dtype)
+    forward = matrix.cells(first_rows, second_rows).to(dtype) * m  # (Hc, B, w, w) first -> second
+    backward = matrix.cells(second_rows, first_rows).to(dtype) * m.transpose(1, 2)
     by_row = out.permute(1, 2, 0, 3)  # (S, B, Hc, d+1) view: the indexed dimensions first
     by_row.index_put_((first_rows, at), torch.matmul(forward, second_vals).permute(1, 2, 0, 3), accumulate=True)
     by_row.index_put_((second_rows, at), torch.matmul(backward, first_vals).permute(1, 2, 0, 3), accumulate=True)

@@ -39,6 +39,7 @@ from .papa_attention import PAPA_PREFIX, register_papa_attention, setup_interfac
 from .shrink import shrink_linear  # noqa: F401  (imported for the copy only)
 from .slot_plan import SlotPlan
 from .slots import compute_slots, is_tracing
+from .structured_constants import StructuredSlots  # noqa: F401  (imported for the copy only)
 
 register_papa_attention()
 

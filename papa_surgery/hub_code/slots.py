@@ -175,11 +175,12 @@ def window_mask(n: int, window: int, device=None) -> torch.Tensor:
     return (i[:, None] - i[None, :]).abs() <= window
 
 
-def _probs(constants: torch.Tensor, slots: torch.Tensor, window: int | None = None) -> torch.Tensor:
+def _probs(constants: torch.Tensor, slots: torch.Tensor, window: int | None = None, clamp: bool = True) -> torch.Tensor:
     """(Hc, B, N, N) float32 masked, row-normalised constants (see :func:`constant_probs`)."""
     hc, length = constants.shape[0], constants.shape[-1]
+    constants = constants.float().clamp_min(0) if clamp else constants.float()
     # A zero row and column at index L stand for padding, so one gather also applies the mask.
-    padded = torch.nn.functional.pad(constants.float().clamp_min(0), (0, 1, 0, 1))  # (Hc, L+1, L+1)
+    padded = torch.nn.functional.pad(constants, (0, 1, 0, 1))  # (Hc, L+1, L+1)
     s = torch.where((slots >= 0) & (slots < length), slots, torch.full_like(slots, length))  # (B, N)
     cells = s[:, :, None] * (length + 1) + s[:, None, :]  # (B, N, N) into the flat (L+1)^2 grid
     p = padded.reshape(hc, -1)[:, cells]  # (Hc, B, N, N)
@@ -192,7 +193,7 @@ def _probs(constants: torch.Tensor, slots: torch.Tensor, window: int | None = No
 
 
 def constant_probs(
-    constants: torch.Tensor, slots: torch.Tensor, dtype: torch.dtype, window: int | None = None
+    constants: torch.Tensor, slots: torch.Tensor, dtype: torch.dtype, window: int | None = None, clamp: bool = True
 ) -> torch.Tensor:
     """Masked, row-normalised constants of each example (the paper's footnote 8), materialised.
 
@@ -202,12 +203,14 @@ def constant_probs(
         slots: (B, N) from :func:`compute_slots`.
         dtype: dtype of the result (the value vectors' dtype).
         window: a local layer's half window w: the mask also drops tokens farther than w apart.
+        clamp: count negative entries as 0 (dense constants); compact constants of format 2 pass ``False``:
+            they are used as stored (``structured_constants.py``).
 
     Returns:
         (B, Hc, N, N) attention probabilities. A row with no mass (a slot no calibration example reached,
         the ``zeros`` kind, a padding query) is all zeros, so its head output is zero.
     """
-    return _probs(constants, slots, window).transpose(0, 1).to(dtype)
+    return _probs(constants, slots, window, clamp).transpose(0, 1).to(dtype)
 
 
 def reference_constant_attention(
@@ -216,6 +219,7 @@ def reference_constant_attention(
     value: torch.Tensor,
     dropout: float = 0.0,
     window: int | None = None,
+    clamp: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Context vectors of constant heads by definition: ``dropout(rownorm(C[slots] * mask)) @ V``.
 
@@ -228,11 +232,12 @@ def reference_constant_attention(
         value: (B, Hc, N, d) value vectors of the constant heads.
         dropout: attention dropout probability (pass 0 in eval mode).
         window: a local layer's half window w.
+        clamp: count negative entries as 0 (see :func:`constant_probs`).
 
     Returns:
         context (B, Hc, N, d) and the probabilities used (B, Hc, N, N), after dropout.
     """
-    p = constant_probs(constants, slots, value.dtype, window)  # (B, Hc, N, N)
+    p = constant_probs(constants, slots, value.dtype, window, clamp)  # (B, Hc, N, N)
     if dropout > 0:
         p = torch.nn.functional.dropout(p, p=dropout, training=True)
     return torch.matmul(p, value), p

@@ -1,0 +1,250 @@
+"""Compact constants applied as the structure they are, without materialising a matrix per head.
+
+A batch's constant heads compute ``C_S X``: C's rows and columns of the S slots the batch uses (the compressed
+slot space of ``slot_plan.py``) times the (S, B (d+1)) block of values and mask. For dense constants ``C_S`` is
+sliced from the stored matrices and applied in one GEMM, S^2 per column. Compact constants
+(``compact_constants.py``) say what every cell is, so the product splits into parts that never form ``C_S``:
+
+- every body cell as the head's offset profile (Toeplitz in the slots) plus the rank-r residual ``u_i . v_j``:
+  the profile part is a convolution, applied by FFT in O(S log S) per column; the residual in O(S r);
+- the band (cells within w of the diagonal, stored exactly): the difference to that formula, a banded matrix
+  applied block by block in O(S w) per column;
+- the special slots' columns (O(S) each, every row) and rows (O(S) each, which replace those rows' results).
+
+The special slots' values enter only through their own rows and columns, so the body product runs on the values
+with the special rows zeroed. Where the compressed rows jump (a pair's first segment ends before L/2) the
+profile is applied per pair of segments, each a convolution with its own stretch of the profile.
+
+A local (sliding-window) layer needs only ``C_S``'s band of its window, plus a few single rows, columns and
+corner blocks (``constant_heads._windowed``): :meth:`StructuredSlots.band_product` builds that band block by
+block from the parts in O(S W) and applies it with one batched GEMM; :meth:`StructuredSlots.cells` gives any
+other cells. :class:`DenseSlots` is the same interface over a materialised ``C_S``, for small S, where one GEMM
+is faster (``STRUCTURED_FROM``, measured by ``benchmarks/bench_long.py``), and for traced graphs (whose
+exporters lack FFTs), which build ``C_S`` from the parts too, never the (L, L) matrices.
+
+Both compute the same matrix: compact constants are used as stored, negative cells (the low-rank residual can
+make a few) included; only checkpoints of format 1 clamp a dense rebuild at 0 (``CompactLayout.clamped``).
+
+This file ships inside every PAPA checkpoint: it imports only torch and siblings.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .compact_constants import CompactLayout
+from .slots import is_tracing
+
+# From which S the structured product beats one dense GEMM, measured on 2 CPU cores (benchmarks/bench_long.py):
+# a global layer's from 768 rows (at batch 1 from ~500, at batch 8 from ~1500); a local layer's band product
+# from 512 rows, and at every S once ``C_S`` would have to be built from the parts (L > PREPARED_UP_TO).
+STRUCTURED_FROM = 768
+STRUCTURED_WINDOWED_FROM = 512
+BLOCK = 64  # rows per block of a banded product
+
+
+class DenseSlots:
+    """``C_S`` as a dense (Hc, S, S) matrix."""
+
+    def __init__(self, matrix: torch.Tensor):
+        self.matrix = matrix  # (Hc, S, S)
+
+    def product(self, x: torch.Tensor) -> torch.Tensor:
+        """(Hc, S, C) ``C_S x`` for x (Hc, S, C)."""
+        return torch.bmm(self.matrix, x.to(self.matrix.dtype))
+
+    def band_product(self, x: torch.Tensor, width: int) -> torch.Tensor:
+        """(Hc, S, C) the product with ``C_S`` kept only where 1 <= i, j and |i - j| <= ``width``."""
+        size = self.matrix.shape[-1]
+        idx = torch.arange(size, device=x.device)
+        band = ((idx[:, None] - idx[None, :]).abs() <= width) & (idx[:, None] > 0) & (idx[None, :] > 0)  # (S, S)
+        return torch.bmm(self.matrix * band, x.to(self.matrix.dtype))
+
+    def cells(self, rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
+        """(Hc, ..., R, C') cells at compressed rows (..., R) x columns (..., C')."""
+        return self.matrix[:, rows[..., :, None], cols[..., None, :]]
+
+
+class StructuredSlots:
+    """``C_S`` of compact constants, applied from its parts (see the module docstring).
+
+    Args:
+        parts: the module's compact parts (``COMPACT_PARTS``), (Hc, ...) each.
+        layout: their :class:`~compact_constants.CompactLayout`.
+        order: (S,) the slot of every compressed row (``SlotPlan.slot_order``).
+        segments: ``(first row, first slot, rows)`` of each run of consecutive slots in rows 1..S-1.
+        dtype: the dtype of the products (float32 at least: FFTs need it on CPU).
+    """
+
+    def __init__(self, parts: dict, layout: CompactLayout, order: torch.Tensor, segments, dtype: torch.dtype):
+        self.layout, self.order, self.segments, self.dtype = layout, order, segments, dtype
+        self.profile = parts["papa_constants_profile"].to(dtype)  # (Hc, 2L-1)
+        self.band = parts["papa_constants_band"].to(dtype)  # (Hc, L, 2w+1)
+        self.u = parts["papa_constants_u"].to(dtype).index_select(1, order)  # (Hc, S, r)
+        self.v = parts["papa_constants_v"].to(dtype).index_select(1, order)  # (Hc, S, r)
+        self.special_rows = parts["papa_constants_rows"].to(dtype)  # (Hc, P, L)
+        self.special_cols = parts["papa_constants_cols"].to(dtype)  # (Hc, L, P)
+        length = layout.max_length
+        index = torch.full((length,), -1, dtype=torch.long, device=order.device)
+        index[list(layout.special)] = torch.arange(len(layout.special), device=order.device)
+        self.special_index = index.index_select(0, order)  # (S,) which special slot a row is, -1 for a body row
+
+    @property
+    def size(self) -> int:
+        return self.order.shape[0]
+
+    @classmethod
+    def of_plan(cls, parts: dict, layout: CompactLayout, plan, dtype: torch.dtype) -> StructuredSlots:
+        """The compressed constants of a :class:`~slot_plan.SlotPlan` (eager: its extents are ints)."""
+        half = plan.max_length // 2
+        first, second = int(plan.first), int(plan.second)
+        if second == 0 or first == half:  # rows 1..S-1 hold slots 0..S-2
+            segments = [(1, 0, first + second)] if first + second else []
+        else:
+            segments = [(1, 0, first), (1 + first, half, second)]
+        return cls(parts, layout, plan.slot_order, segments, dtype)
+
+    # -- cells ---------------------------------------------------------------------------------------------------
+
+    def _body(self, rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
+        """(Hc, ..., R, C') profile + residual at compressed rows (..., R) x columns (..., C')."""
+        length = self.layout.max_length
+        offset = self.order[cols][..., None, :] - self.order[rows][..., :, None]  # (..., R, C')
+        value = self.profile[:, offset + length - 1]  # (Hc, ..., R, C')
+        if self.layout.rank:
+            value = value.add_(self.u[:, rows] @ self.v[:, cols].transpose(-1, -2))
+        return value
+
+    def _in_band(self, rows: torch.Tensor, cols: torch.Tensor, body_only: bool = False):
+        """The cells of rows x columns within the stored band: their positions and stored values (Hc, K)."""
+        w = self.layout.band
+        slot_r, slot_c = self.order[rows][..., :, None], self.order[cols][..., None, :]
+        inside = (slot_c - slot_r).abs() <= w  # (..., R, C')
+        if body_only:
+            inside &= (self.special_index[rows] < 0)[..., :, None] & (self.special_index[cols] < 0)[..., None, :]
+        where = inside.nonzero(as_tuple=True)  # positions in (..., R, C')
+        slot_r, slot_c = slot_r.expand_as(inside)[where], slot_c.expand_as(inside)[where]
+        return where, self.band[:, slot_r, slot_c - slot_r + w]  # (Hc, K)
+
+    def cells(self, rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
+        """(Hc, ..., R, C') ``C_S`` at compressed rows (..., R) x columns (..., C'), by the storage's definition:
+        a special column's stored value, else a special row's, else the band's, else profile + residual."""
+        value = self._body(rows, cols)
+        where, band = self._in_band(rows, cols)
+        value[(slice(None), *where)] = band
+        slot_r, slot_c = self.order[rows], self.order[cols]  # (..., R), (..., C')
+        special_r = (self.special_index[rows] >= 0).nonzero(as_tuple=True)  # rows of special slots
+        if special_r[0].numel():
+            p, lead = self.special_index[rows][special_r], special_r[:-1]
+            value[(slice(None), *special_r)] = self.special_rows[:, p[:, None], slot_c[lead]]  # (Hc, K, C')
+        special_c = (self.special_index[cols] >= 0).nonzero(as_tuple=True)
+        if special_c[0].numel():
+            p, lead = self.special_index[cols][special_c], special_c[:-1]
+            by_column = value.transpose(-1, -2)  # a view: columns first
+            by_column[(slice(None), *special_c)] = self.special_cols[:, slot_r[lead], p[:, None]]  # (Hc, K, R)
+        return value
+
+    def traceable_cells(self, rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
+        """:meth:`cells` without data-dependent shapes (every branch at every cell, then ``where``): for exports."""
+        w = self.layout.band
+        slot_r, slot_c = self.order[rows][..., :, None], self.order[cols][..., None, :]  # (..., R, 1), (..., 1, C')
+        offset = slot_c - slot_r
+        value = torch.where(
+            offset.abs() <= w, self.band[:, slot_r, (offset + w).clamp(0, 2 * w)], self._body(rows, cols)
+        )
+        pr, pc = self.special_index[rows][..., :, None], self.special_index[cols][..., None, :]
+        value = torch.where(pr >= 0, self.special_rows[:, pr.clamp_min(0), slot_c], value)
+        return torch.where(pc >= 0, self.special_cols[:, slot_r, pc.clamp_min(0)], value)
+
+    def dense(self) -> DenseSlots:
+        """``C_S`` materialised (S^2 per head): for small S and traced graphs."""
+        idx = torch.arange(self.size, device=self.order.device)
+        cells = self.traceable_cells if is_tracing() else self.cells
+        return DenseSlots(cells(idx, idx))
+
+    # -- products ------------------------------------------------------------------------------------------------
+
+    def product(self, x: torch.Tensor) -> torch.Tensor:
+        """(Hc, S, C) ``C_S x`` for x (Hc, S, C), without forming ``C_S``."""
+        x = x.to(self.dtype)
+        special = (self.special_index >= 0).nonzero().squeeze(-1)  # (P',) compressed rows of special slots
+        body_x = x.index_fill(1, special, 0.0)  # (Hc, S, C) values of body tokens only
+        out = self._toeplitz(body_x)
+        if self.layout.rank:
+            out = out.baddbmm_(self.u, self.v.transpose(-1, -2) @ body_x)  # (Hc, S, r) (Hc, r, C)
+        out = out.add_(self._blocked(body_x, self.layout.band, self._band_difference))
+        # Special columns reach every row; special rows replace the body formula with their stored row.
+        all_rows = torch.arange(self.size, device=x.device)
+        out = out.baddbmm_(self.cells(all_rows, special), x.index_select(1, special))  # (Hc, S, P') (Hc, P', C)
+        return out.index_copy_(1, special, self.cells(special, all_rows) @ x)  # (Hc, P', S) their own rows
+
+    def band_product(self, x: torch.Tensor, width: int) -> torch.Tensor:
+        """(Hc, S, C) the product with ``C_S`` kept only where 1 <= i, j and |i - j| <= ``width``."""
+        return self._blocked(x.to(self.dtype), width, self._band_cells_outside_row0)
+
+    def _band_cells_outside_row0(self, rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
+        value = self.cells(rows, cols)  # (Hc, nb, R, C')
+        keep = (rows[..., :, None] > 0) & (cols[..., None, :] > 0)
+        return value.masked_fill_(~keep, 0.0)
+
+    def _band_difference(self, rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
+        """What the band changes in the body formula: stored band minus profile + residual, on body cells."""
+        where, band = self._in_band(rows, cols, body_only=True)
+        body = self._body(rows, cols)
+        difference = torch.zeros_like(body)
+        difference[(slice(None), *where)] = band - body[(slice(None), *where)]
+        return difference
+
+    def _blocked(self, x: torch.Tensor, width: int, values) -> torch.Tensor:
+        """(Hc, S, C) a banded product: rows in blocks, each block times its (block + 2 width) columns.
+
+        ``values(rows (nb, R), cols (nb, R + 2 width))`` gives the blocks' cells (Hc, nb, R, R + 2 width); cells
+        farther than ``width`` from the diagonal, or outside [0, S), are dropped here.
+        """
+        hc, size, c = x.shape
+        block = max(BLOCK, width)
+        nb = -(-size // block)
+        start = torch.arange(nb, device=x.device)[:, None] * block
+        rows = start + torch.arange(block, device=x.device)  # (nb, R)
+        cols = start - width + torch.arange(block + 2 * width, device=x.device)  # (nb, R + 2w)
+        valid = (rows[:, :, None] < size) & (cols[:, None, :] >= 0) & (cols[:, None, :] < size)
+        valid &= (rows[:, :, None] - cols[:, None, :]).abs() <= width  # (nb, R, R + 2w)
+        matrices = values(rows.clamp(max=size - 1), cols.clamp(0, size - 1)).masked_fill_(~valid, 0.0)
+        padded = torch.nn.functional.pad(x, (0, 0, width, nb * block - size + width))  # (Hc, nb R + 2w, C)
+        windows = padded.unfold(1, block + 2 * width, block).transpose(-1, -2)  # (Hc, nb, R + 2w, C)
+        return (matrices @ windows).reshape(hc, nb * block, c)[:, :size]
+
+    def _toeplitz(self, x: torch.Tensor) -> torch.Tensor:
+        """(Hc, S, C) the profile part ``sum_j profile[slot_j - slot_i] x_j`` over rows 1..S-1, by FFT."""
+        out = torch.zeros_like(x)
+        if not self.segments:
+            return out
+        length = self.layout.max_length
+        n_fft = _fft_size(2 * max(n for _, _, n in self.segments))
+        spectra = [torch.fft.rfft(x[:, r : r + n], n=n_fft, dim=1) for r, _, n in self.segments]  # (Hc, F, C)
+        for row_p, slot_p, n_p in self.segments:
+            total = 0
+            for (_, slot_q, n_q), spectrum in zip(self.segments, spectra, strict=True):
+                # out[a] = sum_b profile[slot_q + b - slot_p - a] x[b]: a convolution, kernel[m] = profile[delta - m]
+                m = torch.arange(-(n_q - 1), n_p, device=x.device)
+                kernel = x.new_zeros(x.shape[0], n_fft)
+                kernel[:, m % n_fft] = self.profile[:, slot_q - slot_p - m + length - 1]
+                total = total + torch.fft.rfft(kernel, dim=1)[:, :, None] * spectrum
+            out[:, row_p : row_p + n_p] = torch.fft.irfft(total, n=n_fft, dim=1)[:, :n_p]
+        return out
+
+
+def _fft_size(n: int) -> int:
+    """The smallest 2^a 3^b 5^c >= n (fast FFT lengths)."""
+    best = 1 << max(n - 1, 0).bit_length()
+    p5 = 1
+    while p5 < best:
+        p35 = p5
+        while p35 < best:
+            p = p35
+            while p < n:
+                p *= 2
+            best = min(best, p)
+            p35 *= 3
+        p5 *= 5
+    return best

@@ -1,0 +1,208 @@
+"""Compact constants applied from their structure equal the dense rebuild of the same matrices (issue 21).
+
+``hub_code/structured_constants.py`` computes ``C_S X`` from the compact parts (offset profile by FFT, residual,
+band, special rows and columns) without forming ``C_S``; below the measured crossover, and in traced graphs,
+``C_S`` is built from the parts instead. Both must equal the definition on the dense rebuild
+(``compact_constants.rebuild``, used as stored, negative cells included) to 1e-5 in fp32: on the attention
+function at every length, and on whole tiny models at L = 1,024 and 2,048 with single and pair inputs, both
+padding sides and ModernBERT's local windows. A long-L checkpoint loads in a fresh process without the library.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import sys
+
+import pytest
+import torch
+from test_checkpoint import LOADER, fresh_python, loader_job
+from test_fast_path import SEP, random_batch
+
+from papa_surgery.conversion.checkpoint import save_checkpoint
+from papa_surgery.conversion.surgery import build_papa_model, papa_config, separator_id
+from papa_surgery.hub_code import constant_heads, overrides, papa_attention
+from papa_surgery.hub_code.compact_constants import COMPACT_PARTS, CompactLayout, constants_of, rebuild, special_slots
+from papa_surgery.hub_code.modeling_papa import attention_modules
+from papa_surgery.hub_code.slot_plan import SlotPlan
+from papa_surgery.hub_code.slots import reference_constant_attention
+from papa_surgery.hub_code.structured_constants import StructuredSlots, _fft_size
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+TOL = 1e-5
+
+
+def random_parts(layout: CompactLayout, heads: int, generator: torch.Generator) -> dict[str, torch.Tensor]:
+    """Positive-looking parts whose residual makes some cells negative (the rebuild keeps them)."""
+    parts = {}
+    for name, shape in layout.shapes(heads).items():
+        t = torch.rand(shape, generator=generator)
+        parts[name] = (t - 0.5) * 0.6 if name in ("papa_constants_u", "papa_constants_v") else t + 0.01
+    return parts
+
+
+class CompactHolder(torch.nn.Module):
+    """The compact parts of one attention module, as ``constant_attention`` reads them."""
+
+    def __init__(self, parts: dict, layout: CompactLayout):
+        super().__init__()
+        for name, t in parts.items():
+            self.register_buffer(name, t)
+        self.papa_compact_layout = layout
+
+
+@pytest.fixture
+def path(monkeypatch):
+    """``path("structured")`` / ``path("dense")``: force one side of the crossover."""
+
+    def choose(kind: str) -> None:
+        start = 0 if kind == "structured" else 10**9
+        monkeypatch.setattr(constant_heads, "STRUCTURED_FROM", start)
+        monkeypatch.setattr(constant_heads, "STRUCTURED_WINDOWED_FROM", start)
+        if kind == "dense":
+            monkeypatch.setattr(constant_heads, "PREPARED_UP_TO", 10**9)  # the dense rebuild, not C_S from parts
+
+    return choose
+
+
+@pytest.mark.parametrize("length", [48, 301, 1024])
+@pytest.mark.parametrize("pairs", [False, True], ids=["singles", "pairs"])
+@pytest.mark.parametrize("window", [None, 3, 40], ids=["global", "w3", "w40"])
+def test_attention_function_equals_the_dense_rebuild(length, pairs, window, path):
+    rng, g = random.Random(f"{length}{pairs}{window}"), torch.Generator().manual_seed(length)
+    layout = CompactLayout(length, 4, 3, special_slots(length, pairs))
+    holder = CompactHolder(random_parts(layout, 3, g), layout)
+    dense = rebuild({name: getattr(holder, name) for name in COMPACT_PARTS}, layout)
+    assert (dense < 0).any()  # used as stored: negative cells count
+    for trial in range(6):
+        ids, mask = random_batch(rng, length, max_batch=3, side=rng.choice(["left", "right"]))
+        plan = SlotPlan.from_tokens(ids, mask, length, SEP if pairs else None)
+        value = torch.randn(ids.shape[0], 3, ids.shape[1], 5)
+        expected = reference_constant_attention(dense, plan.slots, value, window=window, clamp=False)[0]
+        for kind in ("structured", "dense"):
+            path(kind)
+            got, _ = constant_heads.constant_attention(holder, plan, value, window=window)
+            assert float((got - expected.transpose(1, 2)).abs().max()) <= TOL, (kind, trial, plan.first, plan.second)
+
+
+def test_both_paths_are_what_the_crossover_picks(monkeypatch):
+    """Below the crossover a dense ``C_S``, from it on the structured product; long L never rebuilds (L, L)."""
+    layout = CompactLayout(4096, 4, 2, special_slots(4096, False))
+    holder = CompactHolder(random_parts(layout, 2, torch.Generator().manual_seed(0)), layout)
+    for n, structured in ((40, False), (constant_heads.STRUCTURED_FROM + 10, True)):
+        plan = SlotPlan.from_tokens(torch.full((1, n), 7), torch.ones(1, n, dtype=torch.long), 4096)
+        chosen = constant_heads.compressed_constants(holder, plan, torch.float32)
+        assert isinstance(chosen, StructuredSlots) == structured
+    monkeypatch.setattr(constant_heads, "rebuild", None)  # any (L, L) rebuild would fail
+    value = torch.randn(1, 2, 40, 3)
+    constant_heads.constant_attention(holder, SlotPlan.from_tokens(None, torch.ones(1, 40), 4096), value, window=5)
+
+
+def test_traceable_cells_equal_the_eager_cells():
+    length, g = 96, torch.Generator().manual_seed(3)
+    layout = CompactLayout(length, 5, 2, special_slots(length, True))
+    order = torch.cat([torch.tensor([length - 1]), torch.arange(30), length // 2 + torch.arange(20)])
+    slots = StructuredSlots(random_parts(layout, 2, g), layout, order, None, torch.float32)
+    rows, cols = torch.randint(0, 51, (4, 7)), torch.randint(0, 51, (4, 9))
+    assert torch.allclose(slots.cells(rows, cols), slots.traceable_cells(rows, cols))
+    full = torch.arange(51)
+    dense = rebuild(random_parts(layout, 2, torch.Generator().manual_seed(3)), layout)
+    assert torch.allclose(slots.cells(full, full), dense[:, order][:, :, order])
+
+
+def test_fft_lengths_are_smooth_and_long_enough():
+    for n in range(1, 3000, 37):
+        size = _fft_size(n)
+        assert size >= n and size < 2 * n + 2
+        for p in (2, 3, 5):
+            while size % p == 0:
+                size //= p
+        assert size == 1
+
+
+# --- whole models -----------------------------------------------------------------------------------------
+
+
+def _reference_attention(module, plan, value, dropout=0.0, window=None, weights=False):
+    ctx, p = reference_constant_attention(constants_of(module), plan.slots, value, dropout, window, clamp=False)
+    return ctx.transpose(1, 2), p if weights else None
+
+
+def long_model(tiny, model_type: str, length: int, heads=None, seed: int = 0):
+    """A tiny PAPA model at L = ``length`` with random compact constants (set directly: no (L, L) fitting)."""
+    src, tok = tiny.model(model_type, max_position_embeddings=length), tiny.tokenizer(model_type)
+    every = heads or [[layer, head] for layer in range(2) for head in range(4)]
+    config = papa_config(
+        src.config,
+        papa_max_length=length,
+        papa_constant_heads=every,
+        papa_sep_token_id=separator_id(tok, src.config),
+        papa_calibrated_on="pairs",
+        papa_compact_band=8,
+        papa_compact_rank=4,
+        papa_kind="average",
+    )
+    papa = build_papa_model(src, config)
+    g = torch.Generator().manual_seed(seed)
+    for module in attention_modules(papa):
+        layout = module.papa_compact_layout
+        assert not layout.clamped
+        for name, t in random_parts(layout, getattr(module, COMPACT_PARTS[0]).shape[0], g).items():
+            getattr(module, name).copy_(t)
+    return papa, tok
+
+
+def _words(rng: random.Random, count: int) -> str:
+    words = "the movie is a fun and charming journey but bleak acting music".split()
+    return " ".join(rng.choice(words) for _ in range(count))
+
+
+def _batches(tok, rng: random.Random, length: int) -> list[dict]:
+    batches = []
+    for side in ("right", "left"):
+        tok.padding_side = side
+        singles = [_words(rng, n) for n in (length - 40, length // 3, 5)]
+        batches.append(tok(singles, padding=True, truncation=True, max_length=length, return_tensors="pt"))
+        firsts = [_words(rng, n) for n in (length // 2 + 60, 30, length // 4)]  # the first overflows its half
+        seconds = [_words(rng, n) for n in (length // 3, length - 200, 7)]
+        batches.append(tok(firsts, seconds, padding=True, truncation=True, max_length=length, return_tensors="pt"))
+    return batches
+
+
+@pytest.mark.parametrize("model_type, length", [("modernbert", 1024), ("modernbert", 2048), ("bert", 1024)])
+def test_long_models_equal_the_dense_rebuild(tiny, model_type, length, path, monkeypatch):
+    """Singles and pairs up to L tokens, both padding sides, local windows (ModernBERT), mixed layers."""
+    mixed = [[0, 1], [0, 3], [1, 0], [1, 1], [1, 2], [1, 3]]
+    papa, tok = long_model(tiny, model_type, length, heads=mixed)
+    batches = _batches(tok, random.Random(model_type), length)
+    assert max(int(b["attention_mask"].sum(-1).max()) for b in batches) > length - 60
+    outputs = {}
+    for kind in ("structured", "default"):
+        if kind == "structured":
+            path("structured")
+        with torch.no_grad():
+            outputs[kind] = [papa(**b).last_hidden_state[b["attention_mask"].bool()] for b in batches]
+    monkeypatch.setattr(papa_attention, "constant_attention", _reference_attention)
+    monkeypatch.setattr(overrides, "constant_attention", _reference_attention)
+    with torch.no_grad():
+        reference = [papa(**b).last_hidden_state[b["attention_mask"].bool()] for b in batches]
+    for kind, got in outputs.items():
+        for g, r in zip(got, reference, strict=True):
+            assert float((g - r).abs().max()) <= TOL, kind
+
+
+def test_a_long_checkpoint_loads_in_a_fresh_process_without_the_library(tiny, tmp_path):
+    papa, tok = long_model(tiny, "modernbert", 2048, seed=1)
+    out = save_checkpoint(papa, tmp_path / "long", tokenizer=tok, recipe={"test": True})
+    config = json.loads((out / "config.json").read_text())
+    assert config["papa_max_length"] == 2048 and config["papa_format_version"] == 2
+    job = loader_job(papa, tok, "AutoModel", out, "long", tmp_path)
+    rng = random.Random(0)
+    inputs = tok([_words(rng, 1900), _words(rng, 300)], padding=True, return_tensors="pt")  # past the crossover
+    with torch.no_grad():
+        torch.save(papa(**inputs)[0], job["expected"])
+    torch.save(dict(inputs), job["inputs"])
+    (tmp_path / "jobs.json").write_text(json.dumps([job]))
+    result = fresh_python(LOADER, str(tmp_path / "jobs.json"), cwd=tmp_path, python=sys.executable)
+    assert "ALL-OK" in result.stdout, result.stdout + result.stderr[-4000:]
