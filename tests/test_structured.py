@@ -20,6 +20,8 @@ from test_checkpoint import LOADER, fresh_python, loader_job
 from test_fast_path import SEP, random_batch
 
 from papa_surgery.conversion.checkpoint import save_checkpoint
+from papa_surgery.conversion.description import format_description
+from papa_surgery.conversion.inspection import describe
 from papa_surgery.conversion.surgery import build_papa_model, papa_config, separator_id
 from papa_surgery.hub_code import constant_heads, overrides, papa_attention
 from papa_surgery.hub_code.compact_constants import COMPACT_PARTS, CompactLayout, constants_of, rebuild, special_slots
@@ -197,6 +199,18 @@ def test_a_long_checkpoint_loads_in_a_fresh_process_without_the_library(tiny, tm
     out = save_checkpoint(papa, tmp_path / "long", tokenizer=tok, recipe={"test": True})
     config = json.loads((out / "config.json").read_text())
     assert config["papa_max_length"] == 2048 and config["papa_format_version"] == 2
+    # inspect and the card state the structure and show the offset profile the model holds
+    d = describe(out)
+    profiles = torch.cat([m.papa_constants_profile for m in attention_modules(papa)])  # (heads, 2L-1)
+    distances = dict(d["offset_profile"])
+    assert list(distances)[:3] == [9, 16, 32] and list(distances)[-1] == 2047
+    at_32 = float((profiles[:, 2047 + 32] + profiles[:, 2047 - 32]).mean() / 2)
+    assert distances[32] == pytest.approx(at_32, rel=1e-5)
+    text = format_description(d)
+    assert "rank-4 residual" in text and "FFT convolution" in text and "|j-i| = 9: " in text
+    card = (out / "README.md").read_text()
+    assert "| constants storage | compact (band 8, rank 4): cells within 8 of the diagonal" in card
+    assert "| offset profile | weight per cell at \\|j-i\\| = 9: " in card
     job = loader_job(papa, tok, "AutoModel", out, "long", tmp_path)
     rng = random.Random(0)
     inputs = tok([_words(rng, 1900), _words(rng, 300)], padding=True, return_tensors="pt")  # past the crossover

@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from .. import report
-from .description import calibrated_on_text, format_coverage, shorter_than_source_text
+from .description import calibrated_on_text, format_coverage, offset_profile_text, shorter_than_source_text
 from .healed import healing_table
 from .inspection import describe
 
@@ -156,6 +156,9 @@ def render_card(
         coverage_text=format_coverage(d["coverage"]).replace("|", "\\|") if d["coverage"] else "not recorded",
         covered_text=covered_text(d["coverage"], int(d["max_length"])),
         constants_dtype=d["constants_dtype"],
+        constants_storage=d["constants_storage"],
+        constants_structure=(d.get("constants_structure") or "").replace("|", "\\|"),
+        offset_profile=offset_profile_text(d["offset_profile"]).replace("|", "\\|") if d.get("offset_profile") else "",
         trainable_constants=d["trainable_constants"],
         format_version=d["format_version"],
         papa_surgery_version=d["papa_surgery_version"] or "",

@@ -42,6 +42,10 @@ def format_description(d: dict) -> str:
         + f"   storage {d['constants_storage']}"
         + ("   trainable" if d["trainable_constants"] else ""),
     ]
+    if d.get("constants_structure"):
+        lines.append(f"  structure       {d['constants_structure']}")
+    if d.get("offset_profile"):
+        lines.append(f"  offset profile  {offset_profile_text(d['offset_profile'])}")
     if shorter_than_source_text(d):
         lines.append(f"  shorter         {shorter_than_source_text(d)}")
     lines.append(f"  calibrated on   {calibrated_on_text(d)}")
@@ -69,6 +73,11 @@ def format_description(d: dict) -> str:
     for problem in d.get("problems") or []:
         lines.append(f"  PROBLEM         {problem}")
     return "\n".join(lines)
+
+
+def offset_profile_text(profile) -> str:
+    """``|j-i| = 17: 1.2e-03, 32: ...``: the mean constant weight of a cell at each distance from the diagonal."""
+    return "weight per cell at |j-i| = " + ", ".join(f"{d}: {w:.2e}" for d, w in profile) + " (mean of heads)"
 
 
 def _source_text(d: dict) -> str:

@@ -165,6 +165,49 @@ def read_constants(folder: Path) -> dict[str, object]:
     return out
 
 
+def constants_structure(folder: Path) -> str | None:
+    """How compact constants are stored and applied, in words (``None`` for dense constants)."""
+    layout = _compact_layout(folder)
+    if layout is None:
+        return None
+    from ..hub_code.structured_constants import STRUCTURED_FROM
+
+    text = (
+        f"cells within {layout.band} of the diagonal and the rows and columns of slots "
+        f"{', '.join(map(str, layout.special))} stored exactly; every other cell the head's relative-offset "
+        f"profile plus a rank-{layout.rank} residual"
+    )
+    if layout.clamped:
+        return text + "; rebuilt into L x L matrices at load (format 1)"
+    return text + (
+        f"; used as stored, and from {STRUCTURED_FROM} slots in use on applied without forming the matrices "
+        "(the profile as an FFT convolution, O(n log n))"
+    )
+
+
+def offset_profile(folder: Path) -> list[tuple[int, float]]:
+    """``[(distance, weight)]``: compact constants' relative-offset profile, averaged over constant heads and both
+    directions, at distances just past the band and then at powers of two up to L - 1 (empty for dense)."""
+    layout = _compact_layout(folder)
+    if layout is None:
+        return []
+    from safetensors import safe_open
+
+    length = layout.max_length
+    total, heads = 0, 0
+    with safe_open(str(Path(folder) / "model.safetensors"), framework="pt") as f:
+        for key in f.keys():
+            if key.endswith(".papa_constants_profile"):
+                profile = f.get_tensor(key).double()  # (Hc, 2L-1)
+                total, heads = total + profile.sum(0), heads + profile.shape[0]
+    if not heads:
+        return []
+    mean = total / heads  # (2L-1,)
+    distances = sorted({layout.band + 1, *(2**k for k in range(1, length.bit_length()) if layout.band < 2**k < length)})
+    distances = [d for d in distances if d < length] + ([length - 1] if length - 1 > layout.band else [])
+    return [(d, float((mean[length - 1 + d] + mean[length - 1 - d]) / 2)) for d in dict.fromkeys(distances)]
+
+
 def hub_datasets(corpus: dict) -> list[str]:
     """Hub datasets a calibration corpus came from (``hub_dataset`` or a ``name[:config]:split:column`` spec)."""
     names = []
@@ -244,6 +287,8 @@ def describe(folder) -> dict:
         "constants_storage": "dense"
         if config.get("papa_compact_band") is None
         else f"compact (band {config['papa_compact_band']}, rank {config.get('papa_compact_rank')})",
+        "constants_structure": constants_structure(folder),
+        "offset_profile": offset_profile(folder),
         "trainable_constants": bool(config.get("papa_trainable_constants")),
         "corpus": corpus,
         "datasets": hub_datasets(corpus),

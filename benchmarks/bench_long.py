@@ -1,0 +1,199 @@
+"""Long inputs: a converted ModernBERT-base against its source at n = 512, 2,048 and 8,192 (issue 21).
+
+Sections (``--sections``), side by side in one run:
+
+speed    batch 1, one document of n tokens (every position real; the source's sdpa attention on CPU), at
+         fractions 1 and 0.5 of the heads constant (the 0.5 drawn at random, so kept and constant heads mix):
+         median forward seconds of interleaved repeats, the speed-up, and which product the constant heads used
+         (``structured``: profile by FFT, residual, band blocks; ``dense``: one GEMM with C_S).
+memory   peak activation memory of one forward at each n (bytes the CPU allocator holds above what it held
+         before the call, from the profiler), source vs fractions 1 and 0.5.
+size     checkpoint size at L = 8,192, fraction 1 (compact constants, band 16, rank 16) vs the source's weights.
+crossover  ``C_S X`` of 12 heads (d = 64) by the dense GEMM vs the structured product, batch 1 and 8, global
+         and local (window 64) layers: the numbers behind ``STRUCTURED_FROM`` / ``STRUCTURED_WINDOWED_FROM``.
+
+The converted models are ModernBERT-base (random weights) at L = 8,192 with compact constants set from a
+harmonic profile (``1 / (1 + |i - j|)``) plus a small random residual: what a constant costs does not depend on
+its values, and no (L, L) matrix per head is ever built (at L = 8,192 that would be 67 million values per head).
+
+Run: python benchmarks/bench_long.py [--lengths 512 2048 8192] [--repeats 3] [--threads 2]
+         [--sections speed memory size crossover]
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import random
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from bench_runtime import batch, peak_activation_bytes, source_model
+from timing import interleaved_medians
+
+from papa_surgery.conversion.checkpoint import save_checkpoint
+from papa_surgery.conversion.surgery import build_papa_model, papa_config
+from papa_surgery.hub_code import constant_heads
+from papa_surgery.hub_code.compact_constants import CompactLayout, special_slots
+from papa_surgery.hub_code.modeling_papa import attention_modules
+from papa_surgery.hub_code.structured_constants import DenseSlots, StructuredSlots
+
+LENGTH = 8192
+FRACTIONS = (1.0, 0.5)
+
+
+def harmonic_parts(layout: CompactLayout, heads: int, generator: torch.Generator) -> dict[str, torch.Tensor]:
+    """Compact parts of a harmonic profile plus a small random residual (values do not change the cost)."""
+    length, w = layout.max_length, layout.band
+    offsets = torch.arange(-(length - 1), length).float()
+    profile = (1.0 / (1.0 + offsets.abs())).expand(heads, -1).clone()  # (Hc, 2L-1)
+    band = (1.0 / (1.0 + torch.arange(-w, w + 1).abs().float())).expand(heads, length, -1).clone()  # (Hc, L, 2w+1)
+    s = len(layout.special)
+    return {
+        "papa_constants_band": band,
+        "papa_constants_rows": torch.full((heads, s, length), 1.0 / length),
+        "papa_constants_cols": torch.full((heads, length, s), 0.1),
+        "papa_constants_profile": profile,
+        "papa_constants_u": torch.randn(heads, length, layout.rank, generator=generator) * 1e-3,
+        "papa_constants_v": torch.randn(heads, length, layout.rank, generator=generator) * 1e-3,
+    }
+
+
+def long_converted(source, fraction: float, length: int = LENGTH, seed: int = 0):
+    """``source`` with ``fraction`` of its heads constant (seeded random choice), compact constants at L."""
+    config = source.config
+    layers, heads = config.num_hidden_layers, config.num_attention_heads
+    order = [[layer, h] for layer in range(layers) for h in range(heads)]
+    random.Random(seed).shuffle(order)
+    chosen = sorted(order[: round(fraction * len(order))])
+    papa = build_papa_model(
+        source,
+        papa_config(
+            config,
+            papa_max_length=length,
+            papa_constant_heads=chosen,
+            papa_sep_token_id=config.sep_token_id,
+            papa_calibrated_on="single",
+            papa_compact_band=16,
+            papa_compact_rank=16,
+            papa_kind="toeplitz",
+            papa_fraction=fraction,
+        ),
+    )
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for module in attention_modules(papa):
+            layout = getattr(module, "papa_compact_layout", None)
+            if layout is not None:
+                hc = module.papa_constants_profile.shape[0]
+                for name, t in harmonic_parts(layout, hc, g).items():
+                    getattr(module, name).copy_(t)
+    return papa
+
+
+def product_used(n: int) -> str:
+    """Which product a global layer's constant heads use for one document of n tokens."""
+    return "structured" if n + 1 >= constant_heads.STRUCTURED_FROM else "dense"
+
+
+def speed(lengths, repeats: int, models: dict) -> None:
+    print("speed: forward seconds, batch 1 (median of interleaved repeats)")
+    print(f"{'n':>5s} {'frac':>4s} {'source':>8s} {'convert':>8s} {'speed-up':>8s}  product")
+    source = models["source"]
+    for n in lengths:
+        inputs = batch(source.config, n, 1, padded=False)
+        with torch.inference_mode():
+            calls = {name: functools.partial(m, **inputs) for name, m in models.items()}
+            medians = interleaved_medians(calls, repeats)
+        for fraction in FRACTIONS:
+            ratio = medians["source"] / medians[fraction]
+            print(
+                f"{n:5d} {fraction:4.1f} {medians['source']:8.2f} {medians[fraction]:8.2f} {ratio:7.2f}x  "
+                f"{product_used(n)}",
+                flush=True,
+            )
+
+
+def memory(lengths, models: dict) -> None:
+    print("memory: peak activation of one forward, batch 1 (MiB; ratio to the source)")
+    source = models["source"]
+    for n in lengths:
+        inputs = batch(source.config, n, 1, padded=False)
+        peaks = {name: peak_activation_bytes(m, inputs) for name, m in models.items()}
+        row = "  ".join(f"{name}: {p / 2**20:8.1f} ({p / peaks['source']:4.2f})" for name, p in peaks.items())
+        print(f"{n:5d}  {row}", flush=True)
+
+
+def size(models: dict) -> None:
+    from transformers import AutoTokenizer  # noqa: F401  (no tokenizer: weights only)
+
+    with tempfile.TemporaryDirectory() as tmp:
+        src_dir, papa_dir = Path(tmp) / "source", Path(tmp) / "papa"
+        models["source"].save_pretrained(src_dir)
+        save_checkpoint(models[1.0], papa_dir, recipe={"benchmark": "bench_long"})
+        src, papa = ((d / "model.safetensors").stat().st_size for d in (src_dir, papa_dir))
+    mib = 2**20
+    print(f"size: L={LENGTH} fraction 1 checkpoint {papa / mib:.1f} MiB, source {src / mib:.1f} MiB: {papa / src:.3f}x")
+
+
+def best(call, repeats: int) -> float:
+    """The fastest of ``repeats`` timed calls, after one warm-up."""
+    call()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+def crossover(repeats: int) -> None:
+    print("crossover: C_S X of 12 heads, d=64, seconds (best of repeats); dense includes no build")
+    print(f"{'S':>5s} {'batch':>5s} {'global dense':>12s} {'structured':>10s} {'local dense':>11s} {'structured':>10s}")
+    g = torch.Generator().manual_seed(0)
+    for b in (1, 8):
+        for s in (256, 512, 768, 1024, 2048, 4096):
+            length = 2 * s
+            layout = CompactLayout(length, 16, 16, special_slots(length, False))
+            parts = harmonic_parts(layout, 12, g)
+            order = torch.cat([torch.tensor([length - 1]), torch.arange(s - 1)])
+            structured = StructuredSlots(parts, layout, order, [(1, 0, s - 1)], torch.float32)
+            dense = DenseSlots(structured.cells(torch.arange(s), torch.arange(s)))
+            x = torch.randn(12, s, b * 65)
+
+            row = [
+                best(functools.partial(dense.product, x), repeats),
+                best(functools.partial(structured.product, x), repeats),
+                best(functools.partial(dense.band_product, x, 64), repeats),
+                best(functools.partial(structured.band_product, x, 64), repeats),
+            ]
+            print(f"{s:5d} {b:5d} " + " ".join(f"{t:11.4f}" for t in row), flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--lengths", type=int, nargs="+", default=[512, 2048, 8192])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--sections", nargs="+", default=["speed", "memory", "size", "crossover"])
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    print(f"torch {torch.__version__}, {args.threads} threads")
+    models = {}
+    if {"speed", "memory", "size"} & set(args.sections):
+        source = source_model("modernbert")
+        models = {"source": source, **{f: long_converted(source, f) for f in FRACTIONS}}
+    if "speed" in args.sections:
+        speed(args.lengths, args.repeats, models)
+    if "memory" in args.sections:
+        memory(args.lengths, models)
+    if "size" in args.sections:
+        size(models)
+    if "crossover" in args.sections:
+        crossover(args.repeats)
+
+
+if __name__ == "__main__":
+    main()
