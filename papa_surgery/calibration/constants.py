@@ -40,8 +40,56 @@ def _kind_matrix(kind: str, max_length: int) -> torch.Tensor:
     raise ValueError(f"unknown constant kind {kind!r}; choose one of {', '.join(KINDS)}")
 
 
+class Compatibility:
+    """``check_compatible``, shared by :class:`Constants` and ``StructuredConstants`` (it reads ``num_layers``,
+    ``num_heads`` and ``metadata``)."""
+
+    def check_compatible(self, config, source: str | None = None, model=None) -> None:
+        """ValueError unless these constants fit a model with ``config``.
+
+        Compared by identity, not by name: the fingerprint recorded at calibration (the config fields that
+        matter and, given ``model``, a hash of its attention weights) must match. Constants without a
+        fingerprint (older files, data-free kinds) fall back to the layer/head shape and the source's name.
+        """
+        from ..models.families import num_heads_layers
+
+        heads, layers = num_heads_layers(config)
+        if (layers, heads) != (self.num_layers, self.num_heads):
+            raise ValueError(
+                f"constants have {self.num_layers} layers x {self.num_heads} heads but the model has "
+                f"{layers} x {heads}; calibrate constants for this model"
+            )
+        made_for = self.metadata.get("source_model")
+        recorded = self.metadata.get("fingerprint")
+        if isinstance(recorded, dict) and recorded:
+            fix = "calibrate constants for this model (papa-surgery calibrate MODEL ...)"
+            mine = config_fingerprint(config)
+            for key, value in mine.items():
+                if recorded.get(key) is not None and value is not None and recorded[key] != value:
+                    raise ValueError(
+                        f"constants were calibrated on {made_for!r} with {key}={recorded[key]!r}, but this model "
+                        f"({source or config.model_type}) has {key}={value!r}; {fix}"
+                    )
+            if model is not None and recorded.get("attention_sha256"):
+                ours = model_fingerprint(model)
+                dtypes = {recorded.get("dtype"), ours["dtype"]}
+                if (len(dtypes) == 1 or "float16" not in dtypes) and ours["attention_sha256"] != recorded[
+                    "attention_sha256"
+                ]:
+                    raise ValueError(
+                        f"constants were calibrated on {made_for!r}, a model with other attention weights than "
+                        f"{source or 'this model'} (same architecture, different checkpoint); {fix}"
+                    )
+            return
+        if source and made_for and _model_name(made_for) != _model_name(source):
+            raise ValueError(
+                f"constants were calibrated on {made_for!r}, not {source!r}; calibrate for this model or pass "
+                f"the matching source"
+            )
+
+
 @dataclass
-class Constants:
+class Constants(Compatibility):
     """Constant attention matrices for every layer and head of one source model.
 
     Attributes:
@@ -137,49 +185,6 @@ class Constants:
         values = mat.expand(num_layers, num_heads, max_length, max_length).clone()
         return cls(values, kind, max_length, metadata={"papa_surgery_version": __version__, **metadata})
 
-    def check_compatible(self, config, source: str | None = None, model=None) -> None:
-        """ValueError unless these constants fit a model with ``config``.
-
-        Compared by identity, not by name: the fingerprint recorded at calibration (the config fields that
-        matter and, given ``model``, a hash of its attention weights) must match. Constants without a
-        fingerprint (older files, data-free kinds) fall back to the layer/head shape and the source's name.
-        """
-        from ..models.families import num_heads_layers
-
-        heads, layers = num_heads_layers(config)
-        if (layers, heads) != (self.num_layers, self.num_heads):
-            raise ValueError(
-                f"constants have {self.num_layers} layers x {self.num_heads} heads but the model has "
-                f"{layers} x {heads}; calibrate constants for this model"
-            )
-        made_for = self.metadata.get("source_model")
-        recorded = self.metadata.get("fingerprint")
-        if isinstance(recorded, dict) and recorded:
-            fix = "calibrate constants for this model (papa-surgery calibrate MODEL ...)"
-            mine = config_fingerprint(config)
-            for key, value in mine.items():
-                if recorded.get(key) is not None and value is not None and recorded[key] != value:
-                    raise ValueError(
-                        f"constants were calibrated on {made_for!r} with {key}={recorded[key]!r}, but this model "
-                        f"({source or config.model_type}) has {key}={value!r}; {fix}"
-                    )
-            if model is not None and recorded.get("attention_sha256"):
-                ours = model_fingerprint(model)
-                dtypes = {recorded.get("dtype"), ours["dtype"]}
-                if (len(dtypes) == 1 or "float16" not in dtypes) and ours["attention_sha256"] != recorded[
-                    "attention_sha256"
-                ]:
-                    raise ValueError(
-                        f"constants were calibrated on {made_for!r}, a model with other attention weights than "
-                        f"{source or 'this model'} (same architecture, different checkpoint); {fix}"
-                    )
-            return
-        if source and made_for and _model_name(made_for) != _model_name(source):
-            raise ValueError(
-                f"constants were calibrated on {made_for!r}, not {source!r}; calibrate for this model or pass "
-                f"the matching source"
-            )
-
     def save(self, path: str | Path, overwrite: bool = True) -> Path:
         """Write a safetensors file (atomically) with the provenance in its metadata.
 
@@ -236,6 +241,13 @@ class Constants:
                 tensors = {k: f.get_tensor(k) for k in f.keys()}
         except Exception as err:
             raise ValueError(f"{str(path)!r} is not a safetensors constants file ({hint}): {err}") from err
+        if meta.get("format") == "papa-constants" and meta.get("storage") == "compact":
+            from .structured_constants import StructuredConstants
+
+            try:
+                return StructuredConstants.from_file(tensors, meta)
+            except (KeyError, TypeError, ValueError) as err:
+                raise ValueError(f"{str(path)!r}: its structured constants are damaged ({err}); {hint}") from None
         if meta.get("format") != "papa-constants" or "values" not in tensors:
             raise ValueError(f"{str(path)!r} is not a PAPA constants file ({hint})")
         try:
