@@ -119,6 +119,9 @@ def calibrate(
     device: str | None = None,
     progress: bool = True,
     source_name: str | None = None,
+    storage: str = "auto",
+    compact_band: int | None = None,
+    compact_rank: int | None = None,
 ) -> Constants:
     """Constants for every head of ``model`` (``papa-surgery calibrate``), averaged over ``corpus`` (paper 3.1).
 
@@ -138,6 +141,9 @@ def calibrate(
         pairs: the corpus holds sentence pairs.
         batch_size, max_examples, device, progress: how the pass runs.
         source_name: the source's Hub id, recorded in the provenance (default: the model's ``name_or_path``).
+        storage, compact_band, compact_rank: the storage the constants are for (as in :func:`convert`): with
+            ``compact``, or ``auto`` above L=512, the average streams straight into the compact structure and comes
+            back as ``StructuredConstants`` (no (L, L) matrix per head; what long inputs need).
 
     Raises:
         ValueError: an unknown kind, an unsupported model, a bad value (naming the argument), or a corpus that
@@ -155,12 +161,22 @@ def calibrate(
             "papa_surgery.distill(model, tokenizer, corpus, constants, heads)"
         )
     cal = CalibrationOptions(max_length=max_length, pairs=pairs, max_examples=max_examples)
+    conv = ConvertOptions(fraction=0, storage=storage, compact_band=compact_band, compact_rank=compact_rank)
     run = RunOptions(device=device, batch_size=batch_size)
     if cal.max_length is not None:
         name = source_name or getattr(model.config, "_name_or_path", None) or "the model"
         check_max_length(model.config, cal.max_length, name)
     flow = _workflow(model, tokenizer, source_name, run, progress)
-    return flow.constants(chosen.name, corpus=corpus, max_length=cal.max_length, pairs=pairs, max_examples=max_examples)
+    return flow.constants(
+        chosen.name,
+        corpus=corpus,
+        max_length=cal.max_length,
+        pairs=pairs,
+        max_examples=max_examples,
+        storage=conv.storage,
+        compact_band=conv.compact_band,
+        compact_rank=conv.compact_rank,
+    )
 
 
 def rank(
@@ -235,6 +251,8 @@ def convert(
     trainable_constants: bool = False,
     source_name: str | None = None,
     storage: str = "auto",
+    compact_band: int | None = None,
+    compact_rank: int | None = None,
 ) -> nn.Module:
     """The PAPA model of ``model``: the first ``fraction`` of ``ranking``'s heads attend with ``constants``.
 
@@ -251,6 +269,7 @@ def convert(
         source_name: the source's Hub id, for the provenance.
         storage: ``"dense"``, ``"compact"`` or ``"auto"`` (dense up to L=128, compact above): see
             :func:`papa_surgery.conversion.surgery.convert`. The model computes with the compacted matrices.
+        compact_band, compact_rank: the compact layout (defaults 16, 16; structured constants fix their own).
 
     Returns:
         The PAPA model (``Papa<Class>``), in eval mode. ``model.papa_recipe`` holds what :func:`save` writes
@@ -269,6 +288,8 @@ def convert(
         fraction=fraction,
         dtype=_DTYPE_ALIASES.get(dtype, dtype),
         storage=storage,
+        compact_band=compact_band,
+        compact_rank=compact_rank,
         trainable_constants=trainable_constants,
     )
     constants = _constants(constants)
@@ -288,6 +309,8 @@ def convert(
         options.fraction,
         dtype=options.dtype,
         storage=options.storage,
+        compact_band=options.compact_band,
+        compact_rank=options.compact_rank,
         trainable_constants=options.trainable_constants,
     )
 

@@ -25,7 +25,7 @@ def _corpus(pairs: bool = False, n: int = 14):
     for i in range(n):
         k = 3 + int(torch.randint(0, 32 if i % 3 else 12, (1,), generator=g))
         text = " ".join(WORDS[int(t)] for t in torch.randint(0, len(WORDS), (k,), generator=g))
-        out.append((text, " ".join(reversed(text.split()))[: 40]) if pairs else text)
+        out.append((text, " ".join(reversed(text.split()))[:40]) if pairs else text)
     return out
 
 
@@ -80,3 +80,90 @@ def test_variance_equals_dense_when_the_structure_is_exact(tiny):
     per-cell means, and it equals the dense path's variance."""
     dense, structured, _ = _both(tiny, False, band=2, rank=L, sketch=SketchSizes(L, L))
     assert torch.allclose(structured.variance.double(), dense.variance.double(), rtol=1e-4, atol=1e-9)
+
+
+def test_structured_constants_save_load_and_convert(tiny, tmp_path):
+    """A file round trip keeps every part; convert stores the calibrated parts as they are (no dense rebuild)."""
+    from papa_surgery.calibration.constants import Constants
+    from papa_surgery.conversion.surgery import convert
+    from papa_surgery.hub_code.compact_constants import COMPACT_PARTS
+    from papa_surgery.hub_code.modeling_papa import attention_modules
+
+    model, tok = tiny.model("bert"), tiny.tokenizer("bert")
+    layout = layout_for("compact", L, False, 3, 2)
+    structured = calibrate_structured(model, tok, load_corpus(_corpus()), layout, batch_size=4, progress=False)
+    loaded = Constants.load(structured.save(tmp_path / "c.safetensors"))
+    assert (
+        type(loaded) is type(structured) and loaded.layout == layout and loaded.filled_cells == structured.filled_cells
+    )
+    for name in COMPACT_PARTS:
+        assert torch.equal(loaded.parts[name], structured.parts[name])
+    assert torch.equal(loaded.variance, structured.variance) and loaded.summary()["storage"]["rank"] == 2
+    heads = [[0, 1], [1, 0], [1, 2]]
+    papa = convert(model, loaded, heads, tokenizer=tok)
+    assert (papa.config.papa_compact_band, papa.config.papa_compact_rank) == (3, 2)
+    for layer, module in enumerate(attention_modules(papa)):
+        want = loaded.layer_parts(layer, [h for ly, h in heads if ly == layer])
+        for name in COMPACT_PARTS:
+            assert torch.equal(getattr(module, name), want[name])
+    with pytest.raises(ValueError, match="compact_rank=2, not 5"):
+        convert(model, loaded, heads, tokenizer=tok, compact_rank=5)
+    with pytest.raises(ValueError, match="storage dense"):
+        convert(model, loaded, heads, tokenizer=tok, storage="dense")
+
+
+def test_calibrate_picks_the_structured_path(tiny):
+    """storage='compact' (and 'auto' above 512 slots) calibrate into structure; 'auto' at small L stays dense."""
+    from papa_surgery.calibration.constants import Constants
+    from papa_surgery.calibration.structured_constants import StructuredConstants
+
+    model, tok = tiny.model("bert"), tiny.tokenizer("bert")
+    examples = _corpus()[:4]
+    dense = calibrate(model, tok, examples, max_length=L, batch_size=4, progress=False, storage="auto")
+    compact = calibrate(model, tok, examples, max_length=L, batch_size=4, progress=False, storage="compact",
+                        compact_band=2, compact_rank=1)  # fmt: skip
+    assert isinstance(dense, Constants) and isinstance(compact, StructuredConstants)
+    assert (compact.layout.band, compact.layout.rank) == (2, 1)
+
+
+LONG = 2048
+
+
+def test_long_modernbert_calibrates_and_converts_without_dense_matrices(tiny, tmp_path, monkeypatch):
+    """L = 2,048 on a tiny ModernBERT: calibrate (auto storage) into structure, convert, save, reload.
+
+    Nothing of size (L, L) per head exists in the constants (dense sums would be 2 x 8 heads x 32 MB in fp64)."""
+    import transformers
+
+    from papa_surgery.calibration import into_structure
+    from papa_surgery.calibration.structured_constants import StructuredConstants
+    from papa_surgery.conversion.checkpoint import save_checkpoint
+    from papa_surgery.conversion.surgery import convert
+
+    model, tok = tiny.model("modernbert", max_position_embeddings=4096), tiny.tokenizer("modernbert")
+    g = torch.Generator().manual_seed(0)
+    docs = [" ".join(WORDS[int(t)] for t in torch.randint(0, len(WORDS), (n,), generator=g)) for n in (2100, 1500)]
+    made = []
+
+    class Recorded(into_structure.StructuredAccumulator):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            made.append(self)
+
+    monkeypatch.setattr(into_structure, "StructuredAccumulator", Recorded)
+    constants = calibrate(model, tok, docs, max_length=LONG, batch_size=1, progress=False, storage="auto")
+    state = sum(t.numel() * t.element_size() for t in vars(made[0]).values() if isinstance(t, torch.Tensor))
+    assert isinstance(constants, StructuredConstants)
+    heads = constants.num_layers * constants.num_heads
+    assert max(t[0, 0].numel() for t in constants.parts.values()) < LONG * LONG // 8
+    assert constants.coverage[0] == 2 and constants.coverage[LONG - 2] == 1  # the longer document was cut at L
+    assert state < heads * LONG * LONG * 8 / 10  # the whole state: under 1/10 of one fp64 (L, L) sum per head
+    papa = convert(model, constants, [[0, 0], [0, 1], [1, 0], [1, 1], [1, 2], [1, 3]], tokenizer=tok)
+    ids = tok([docs[1]], truncation=True, max_length=LONG, return_tensors="pt")
+    with torch.no_grad():
+        out = papa(**ids).last_hidden_state
+    assert torch.isfinite(out).all() and out.shape[1] == ids["input_ids"].shape[1]
+    folder = save_checkpoint(papa, tmp_path / "ckpt", tokenizer=tok, card=False)
+    again = transformers.AutoModel.from_pretrained(folder, trust_remote_code=True).eval()
+    with torch.no_grad():
+        assert torch.allclose(again(**ids).last_hidden_state, out, atol=1e-5)

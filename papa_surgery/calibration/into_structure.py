@@ -136,6 +136,3 @@ class _Deviation:
             torch.distributed.all_reduce(self.squares)
             torch.distributed.all_reduce(self.entries)
         return (self.squares / self.entries.clamp_min(1.0)).cpu()
-
-
-

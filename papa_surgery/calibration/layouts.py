@@ -22,7 +22,7 @@ def runs_of(slots: torch.Tensor) -> tuple[tuple[int, int], ...]:
     """The runs ``(start, end)`` (end exclusive) of consecutive slots in one example's increasing slots (n,)."""
     s = slots[slots >= 0].tolist()
     out, start = [], None
-    for a, b in zip(s, s[1:] + [None]):
+    for a, b in zip(s, s[1:] + [None], strict=True):
         start = a if start is None else start
         if b is None or b != a + 1:
             out.append((start, a + 1))

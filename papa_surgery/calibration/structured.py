@@ -39,6 +39,10 @@ class SketchSizes:
         return cls(k, min(2 * k + 1, max_length))
 
 
+def _ones(like: torch.Tensor) -> torch.Tensor:
+    return torch.ones(like.shape, dtype=torch.float64, device=like.device)
+
+
 class _Plan:
     """Where one row chunk of one example's (c, n) attention lands: shared by every layer and head."""
 
@@ -119,14 +123,14 @@ class StructuredAccumulator:
             self.coverage.index_add_(0, s, torch.ones_like(s, dtype=torch.float64))
             for a0, a1 in self._chunks(len(s)):
                 plan = _Plan(self, s, a0, a1)
-                self.band_counts.view(-1).index_add_(0, plan.band_index, torch.ones_like(plan.band_index).double())
-                self.body_counts.index_add_(0, plan.offset[plan.body], torch.ones(int(plan.body.sum()), dtype=torch.float64, device=self.device))
+                self.band_counts.view(-1).index_add_(0, plan.band_index, _ones(plan.band_index))
+                self.body_counts.index_add_(0, plan.offset[plan.body], _ones(plan.offset[plan.body]))
                 self.far_cells.index_add_(0, plan.offset[plan.far], plan.inverse_far[plan.far])
                 self.cells += plan.inverse.sum()
-                for local, slot in self._special_queries(plan.rows):
-                    self.rows_counts[self.special_index[slot]].index_add_(0, s, torch.ones_like(s).double())
-                for token, slot in self._special_queries(s):
-                    self.cols_counts[:, self.special_index[slot]].index_add_(0, plan.rows, torch.ones_like(plan.rows).double())
+                for _, slot in self._special_queries(plan.rows):
+                    self.rows_counts[self.special_index[slot]].index_add_(0, s, _ones(s))
+                for _, slot in self._special_queries(s):
+                    self.cols_counts[:, self.special_index[slot]].index_add_(0, plan.rows, _ones(plan.rows))
 
     def _special_queries(self, slots: torch.Tensor) -> list[tuple[int, int]]:
         """(position in ``slots``, slot) of every special slot among ``slots``."""
@@ -159,8 +163,9 @@ class StructuredAccumulator:
         """Sum across processes under torch.distributed (every process saw its own examples)."""
         if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
             return
-        for t in (self.band, self.rows, self.cols, self.body, self.far, self.y, self.w, self.band_counts,
-                  self.rows_counts, self.cols_counts, self.body_counts, self.far_cells, self.cells, self.coverage):  # fmt: skip
+        sums = (self.band, self.rows, self.cols, self.body, self.far, self.y, self.w)
+        counts = (self.band_counts, self.rows_counts, self.cols_counts, self.body_counts, self.far_cells, self.cells)
+        for t in (*sums, *counts, self.coverage):
             torch.distributed.all_reduce(t)
         n = torch.tensor([float(self.examples)], dtype=torch.float64, device=self.device)
         torch.distributed.all_reduce(n)

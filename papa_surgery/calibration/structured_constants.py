@@ -48,7 +48,7 @@ class StructuredConstants(Compatibility):
 
     def __post_init__(self):
         if set(self.parts) != set(COMPACT_PARTS):
-            raise ValueError(f"structured constants need the parts {', '.join(COMPACT_PARTS)}; got {sorted(self.parts)}")
+            raise ValueError(f"structured constants need {', '.join(COMPACT_PARTS)}, got {sorted(self.parts)}")
         lead = tuple(self.parts["papa_constants_profile"].shape[:2])
         for name, shape in self.layout.shapes(lead[1]).items():
             if tuple(self.parts[name].shape) != (lead[0], *shape):
@@ -136,7 +136,8 @@ class StructuredConstants(Compatibility):
     def from_file(cls, tensors: dict, meta: dict) -> StructuredConstants:
         """The constants of a file :meth:`save` wrote (its tensors and metadata; ``Constants.load`` opens it)."""
         length, pairs = int(meta["max_length"]), json.loads(meta.get("pairs", "false"))
-        layout = CompactLayout(length, int(meta["compact_band"]), int(meta["compact_rank"]), special_slots(length, pairs))
+        band, rank = int(meta["compact_band"]), int(meta["compact_rank"])
+        layout = CompactLayout(length, band, rank, special_slots(length, pairs))
         parts = {name: tensors[f"structure.{name}"].float() for name in COMPACT_PARTS}
         return cls(
             parts,

@@ -89,7 +89,8 @@ def structured_parts(acc: StructuredAccumulator, fill: bool = True, rounds: int 
         profile = (acc.far[layer].cpu() + unreached * far_fill) / far_total.clamp_min(1.0)
         y, x = _corrected_sketch(acc, layer, profile, far_fill)
         u, v = low_rank(y, x, acc.omega.cpu(), acc.psi.cpu(), layout, rounds)
-        for name, t in zip(("band", "rows", "cols", "profile", "u", "v"), (band, rows, cols, profile, u, v)):
+        found = {"band": band, "rows": rows, "cols": cols, "profile": profile, "u": u, "v": v}
+        for name, t in found.items():
             out.setdefault(f"papa_constants_{name}", []).append(t)
     return {name: torch.stack(ts) for name, ts in out.items()}
 
