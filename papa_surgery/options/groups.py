@@ -12,7 +12,9 @@ from .checks import FRACTION, POSITIVE_FLOAT, POSITIVE_INT, SLOTS, Checked, Devi
 
 DEFAULT_CORPUS_HELP = (
     "Calibration corpus: a text file (one example per line, TAB between a pair), a datasets folder/file, or a "
-    "Hub spec name[:config]:split:column. Default: WikiText-103 train from the Hub, or offline the bundled excerpt."
+    "Hub spec name[:config]:split:column; documents:SRC joins SRC's lines into whole articles (at WikiText's "
+    "' = Title = ' headings; documents: alone: the bundled excerpt) for long inputs. Default: WikiText-103 train "
+    "from the Hub, or offline the bundled excerpt."
 )
 
 
