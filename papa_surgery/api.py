@@ -122,7 +122,7 @@ def calibrate(
     storage: str = "auto",
     compact_band: int | None = None,
     compact_rank: int | None = None,
-) -> Constants:
+) -> Constants:  # or StructuredConstants
     """Constants for every head of ``model`` (``papa-surgery calibrate``), averaged over ``corpus`` (paper 3.1).
 
     The model's weights, train/eval mode and device are left as they were.
@@ -141,9 +141,8 @@ def calibrate(
         pairs: the corpus holds sentence pairs.
         batch_size, max_examples, device, progress: how the pass runs.
         source_name: the source's Hub id, recorded in the provenance (default: the model's ``name_or_path``).
-        storage, compact_band, compact_rank: the storage the constants are for (as in :func:`convert`): with
-            ``compact``, or ``auto`` above L=512, the average streams straight into the compact structure and comes
-            back as ``StructuredConstants`` (no (L, L) matrix per head; what long inputs need).
+        storage, compact_band, compact_rank: as in :func:`convert`; ``compact`` (``auto`` above L=512) calibrates
+            into that structure (``StructuredConstants``: no (L, L) matrix per head).
 
     Raises:
         ValueError: an unknown kind, an unsupported model, a bad value (naming the argument), or a corpus that
@@ -161,22 +160,14 @@ def calibrate(
             "papa_surgery.distill(model, tokenizer, corpus, constants, heads)"
         )
     cal = CalibrationOptions(max_length=max_length, pairs=pairs, max_examples=max_examples)
-    conv = ConvertOptions(fraction=0, storage=storage, compact_band=compact_band, compact_rank=compact_rank)
+    layout = ConvertOptions(fraction=0, storage=storage, compact_band=compact_band, compact_rank=compact_rank)
     run = RunOptions(device=device, batch_size=batch_size)
     if cal.max_length is not None:
         name = source_name or getattr(model.config, "_name_or_path", None) or "the model"
         check_max_length(model.config, cal.max_length, name)
     flow = _workflow(model, tokenizer, source_name, run, progress)
-    return flow.constants(
-        chosen.name,
-        corpus=corpus,
-        max_length=cal.max_length,
-        pairs=pairs,
-        max_examples=max_examples,
-        storage=conv.storage,
-        compact_band=conv.compact_band,
-        compact_rank=conv.compact_rank,
-    )
+    given = dict(corpus=corpus, max_length=cal.max_length, pairs=pairs, max_examples=max_examples)
+    return flow.constants(chosen.name, **given, **layout.storage_kwargs())
 
 
 def rank(
@@ -267,9 +258,8 @@ def convert(
         dtype: how the constants are stored: ``float32``, ``float16`` or ``bfloat16`` (or fp32/fp16/bf16).
         trainable_constants: give the constants gradients.
         source_name: the source's Hub id, for the provenance.
-        storage: ``"dense"``, ``"compact"`` or ``"auto"`` (dense up to L=128, compact above): see
-            :func:`papa_surgery.conversion.surgery.convert`. The model computes with the compacted matrices.
-        compact_band, compact_rank: the compact layout (defaults 16, 16; structured constants fix their own).
+        storage, compact_band, compact_rank: ``"dense"``, ``"compact"`` or ``"auto"`` (dense up to L=128, compact
+            above), its band and rank: see :func:`papa_surgery.conversion.surgery.convert`.
 
     Returns:
         The PAPA model (``Papa<Class>``), in eval mode. ``model.papa_recipe`` holds what :func:`save` writes
@@ -284,14 +274,9 @@ def convert(
 
     _model(model)
     _tokenizer(tokenizer, required=False)
-    options = ConvertOptions(
-        fraction=fraction,
-        dtype=_DTYPE_ALIASES.get(dtype, dtype),
-        storage=storage,
-        compact_band=compact_band,
-        compact_rank=compact_rank,
-        trainable_constants=trainable_constants,
-    )
+    storage_options = dict(storage=storage, compact_band=compact_band, compact_rank=compact_rank)
+    options = ConvertOptions(fraction=fraction, dtype=_DTYPE_ALIASES.get(dtype, dtype), **storage_options,
+                             trainable_constants=trainable_constants)  # fmt: skip
     constants = _constants(constants)
     flow = _workflow(model, tokenizer, source_name)
     if isinstance(ranking, (str, Path)) and (str(ranking).endswith(".json") or Path(ranking).exists()):
@@ -308,9 +293,7 @@ def convert(
         ranking,
         options.fraction,
         dtype=options.dtype,
-        storage=options.storage,
-        compact_band=options.compact_band,
-        compact_rank=options.compact_rank,
+        **options.storage_kwargs(),
         trainable_constants=options.trainable_constants,
     )
 

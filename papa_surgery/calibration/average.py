@@ -137,6 +137,12 @@ def structured_layout(storage: str, max_length: int, pairs: bool, band=None, ran
     return layout_for(storage, max_length, pairs, band, rank)
 
 
+def structure_of(kind: str, storage: str, max_length: int, pairs: bool, band, rank) -> tuple[int, int] | None:
+    """(band, rank) constants of ``kind`` are calibrated into (only the ``average`` streams into one), else ``None``."""
+    layout = structured_layout(storage, max_length, pairs, band, rank) if kind == "average" else None
+    return None if layout is None else (layout.band, layout.rank)
+
+
 class _Sink:
     """Where the hooks' attention goes: straight into the sums (one process), or kept for the exchange."""
 

@@ -17,7 +17,7 @@ import torch
 from safetensors.torch import save_file
 
 from ..hub_code.compact_constants import COMPACT_PARTS, CompactLayout, rebuild, special_slots
-from .constants import Compatibility
+from .fingerprint import Compatibility
 
 DENSE_VIEW_UP_TO = 1024  # ``values`` rebuilds dense matrices for methods that need them up to this L
 

@@ -201,6 +201,11 @@ class ConvertOptions(Checked):
     compact_rank: int | None = opt(
         "Compact storage: the rank of the residual off the band (default 16).", type=click.IntRange(min=0)
     )
+
+    def storage_kwargs(self) -> dict:
+        """``storage``, ``compact_band``, ``compact_rank``: what calibration and conversion both read."""
+        return {"storage": self.storage, "compact_band": self.compact_band, "compact_rank": self.compact_rank}
+
     trainable_constants: bool = opt(
         "Let fine-tuning update the constants (the paper's labeled matrices).", False, is_flag=True
     )

@@ -60,7 +60,7 @@ def _calibration(cal: CalibrationOptions, corpus, conv: ConvertOptions | None = 
     """The keyword arguments of ``Workflow.constants`` for these options and the opened corpus (``max_length``
     ``None``: the source's own length, resolved by the workflow once the source is loaded); ``conv``'s storage
     reaches calibration, which streams straight into a compact layout."""
-    storage = {} if conv is None else _storage(conv)
+    storage = {} if conv is None else conv.storage_kwargs()
     return {
         "corpus": corpus if corpus is not None else cal.corpus,
         "max_length": cal.max_length,
@@ -68,10 +68,6 @@ def _calibration(cal: CalibrationOptions, corpus, conv: ConvertOptions | None = 
         "max_examples": cal.max_examples,
         **storage,
     }
-
-
-def _storage(conv: ConvertOptions) -> dict:
-    return {"storage": conv.storage, "compact_band": conv.compact_band, "compact_rank": conv.compact_rank}
 
 
 def run_convert(
@@ -152,7 +148,7 @@ def run_convert(
         conv.fraction,
         kind=kind.name,
         dtype=conv.dtype,
-        **_storage(conv),
+        **conv.storage_kwargs(),
         trainable_constants=conv.trainable_constants,
         command=command,
         record=source_record(model_name, path, info),

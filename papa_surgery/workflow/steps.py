@@ -133,9 +133,8 @@ class Workflow:
         Data-free kinds read no corpus; corpus averages (``average``, ``norm-average``, ``effective-average``)
         are one pass over ``corpus`` (``None``: the default corpus); ``distilled`` starts from the average and
         trains the matrices of ``heads`` (default: every head) toward the source's hidden states; a labelled
-        kind returns its starting matrices (the probe of a sweep cell trains them). ``storage``, ``compact_band``,
-        ``compact_rank``: the storage the constants are meant for; the ``average`` streams straight into a compact
-        layout (:func:`papa_surgery.calibration.calibrate`).
+        kind returns its starting matrices (the probe of a sweep cell trains them); compact ``storage`` (band, rank)
+        makes the average calibrate into it.
         """
         chosen = registry.kind(kind, sweeps=True)
         max_length = self.slots(max_length)
@@ -150,12 +149,9 @@ class Workflow:
         if chosen.made == registry.TRAINED:
             start = self.constants(chosen.starts_from, corpus=corpus, max_length=max_length, storage="dense")
             return self.distilled(start, heads, corpus, distill)
-        structure = None
-        if chosen.name == "average":
-            from ..calibration.average import structured_layout
+        from ..calibration.average import structure_of
 
-            layout = structured_layout(storage, max_length, corpus.pairs, compact_band, compact_rank)
-            structure = None if layout is None else (layout.band, layout.rank)
+        structure = structure_of(chosen.name, storage, max_length, corpus.pairs, compact_band, compact_rank)
         key = (chosen.name, corpus_key(corpus), max_length) + ((structure,) if structure else ())
         return self.cache.fetch("constants", key, lambda: self._average(chosen.name, corpus, max_length, structure))
 
@@ -312,9 +308,7 @@ class Workflow:
             method=method or (None if ranking is None else ranking.method),
             fraction=fraction,
             dtype=dtype,
-            storage=storage,
-            compact_band=compact_band,
-            compact_rank=compact_rank,
+            **dict(storage=storage, compact_band=compact_band, compact_rank=compact_rank),
             trainable_constants=trainable_constants,
             source_name=self.source,
         )
