@@ -167,3 +167,25 @@ def test_long_modernbert_calibrates_and_converts_without_dense_matrices(tiny, tm
     again = transformers.AutoModel.from_pretrained(folder, trust_remote_code=True).eval()
     with torch.no_grad():
         assert torch.allclose(again(**ids).last_hidden_state, out, atol=1e-5)
+
+
+def test_cli_storage_options_reach_calibration(source, corpus, tmp_path):
+    """``calibrate --storage compact --compact-band --compact-rank`` writes structured constants, and ``convert
+    --constants`` stores them with that layout."""
+    import json
+
+    from conftest import cli
+
+    from papa_surgery.calibration.constants import Constants
+
+    out = tmp_path / "c.safetensors"
+    args = ["--corpus", corpus, "--max-length", 32, "--storage", "compact", "--compact-band", 2, "--compact-rank", 1]
+    result = cli("calibrate", source, *args, "--out", out)
+    assert result.exit_code == 0, result.output
+    constants = Constants.load(out)
+    assert (constants.layout.band, constants.layout.rank) == (2, 1)
+    ckpt = tmp_path / "ckpt"
+    result = cli("convert", source, "--constants", out, "--fraction", 1, "--method", "variance", "--out", ckpt)
+    assert result.exit_code == 0, result.output
+    config = json.loads((ckpt / "config.json").read_text())
+    assert (config["papa_compact_band"], config["papa_compact_rank"]) == (2, 1)
