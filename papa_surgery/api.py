@@ -119,7 +119,10 @@ def calibrate(
     device: str | None = None,
     progress: bool = True,
     source_name: str | None = None,
-) -> Constants:
+    storage: str = "auto",
+    compact_band: int | None = None,
+    compact_rank: int | None = None,
+) -> Constants:  # or StructuredConstants
     """Constants for every head of ``model`` (``papa-surgery calibrate``), averaged over ``corpus`` (paper 3.1).
 
     The model's weights, train/eval mode and device are left as they were.
@@ -138,6 +141,8 @@ def calibrate(
         pairs: the corpus holds sentence pairs.
         batch_size, max_examples, device, progress: how the pass runs.
         source_name: the source's Hub id, recorded in the provenance (default: the model's ``name_or_path``).
+        storage, compact_band, compact_rank: as in :func:`convert`; ``compact`` (``auto`` above L=512) calibrates
+            into that structure (``StructuredConstants``: no (L, L) matrix per head).
 
     Raises:
         ValueError: an unknown kind, an unsupported model, a bad value (naming the argument), or a corpus that
@@ -155,12 +160,14 @@ def calibrate(
             "papa_surgery.distill(model, tokenizer, corpus, constants, heads)"
         )
     cal = CalibrationOptions(max_length=max_length, pairs=pairs, max_examples=max_examples)
+    layout = ConvertOptions(fraction=0, storage=storage, compact_band=compact_band, compact_rank=compact_rank)
     run = RunOptions(device=device, batch_size=batch_size)
     if cal.max_length is not None:
         name = source_name or getattr(model.config, "_name_or_path", None) or "the model"
         check_max_length(model.config, cal.max_length, name)
     flow = _workflow(model, tokenizer, source_name, run, progress)
-    return flow.constants(chosen.name, corpus=corpus, max_length=cal.max_length, pairs=pairs, max_examples=max_examples)
+    given = dict(corpus=corpus, max_length=cal.max_length, pairs=pairs, max_examples=max_examples)
+    return flow.constants(chosen.name, **given, **layout.storage_kwargs())
 
 
 def rank(
@@ -235,6 +242,8 @@ def convert(
     trainable_constants: bool = False,
     source_name: str | None = None,
     storage: str = "auto",
+    compact_band: int | None = None,
+    compact_rank: int | None = None,
 ) -> nn.Module:
     """The PAPA model of ``model``: the first ``fraction`` of ``ranking``'s heads attend with ``constants``.
 
@@ -249,8 +258,8 @@ def convert(
         dtype: how the constants are stored: ``float32``, ``float16`` or ``bfloat16`` (or fp32/fp16/bf16).
         trainable_constants: give the constants gradients.
         source_name: the source's Hub id, for the provenance.
-        storage: ``"dense"``, ``"compact"`` or ``"auto"`` (dense up to L=128, compact above): see
-            :func:`papa_surgery.conversion.surgery.convert`. The model computes with the compacted matrices.
+        storage, compact_band, compact_rank: ``"dense"``, ``"compact"`` or ``"auto"`` (dense up to L=128, compact
+            above), its band and rank: see :func:`papa_surgery.conversion.surgery.convert`.
 
     Returns:
         The PAPA model (``Papa<Class>``), in eval mode. ``model.papa_recipe`` holds what :func:`save` writes
@@ -265,12 +274,9 @@ def convert(
 
     _model(model)
     _tokenizer(tokenizer, required=False)
-    options = ConvertOptions(
-        fraction=fraction,
-        dtype=_DTYPE_ALIASES.get(dtype, dtype),
-        storage=storage,
-        trainable_constants=trainable_constants,
-    )
+    storage_options = dict(storage=storage, compact_band=compact_band, compact_rank=compact_rank)
+    options = ConvertOptions(fraction=fraction, dtype=_DTYPE_ALIASES.get(dtype, dtype), **storage_options,
+                             trainable_constants=trainable_constants)  # fmt: skip
     constants = _constants(constants)
     flow = _workflow(model, tokenizer, source_name)
     if isinstance(ranking, (str, Path)) and (str(ranking).endswith(".json") or Path(ranking).exists()):
@@ -287,7 +293,7 @@ def convert(
         ranking,
         options.fraction,
         dtype=options.dtype,
-        storage=options.storage,
+        **options.storage_kwargs(),
         trainable_constants=options.trainable_constants,
     )
 

@@ -158,6 +158,9 @@ STORAGES = {
     "compact": "band, special slots, relative-offset profile and a low-rank residual (what the model computes with)",
 }
 DENSE_UP_TO = 128  # ``auto`` storage: dense up to this many slots, compact above
+# ``auto`` storage calibrates with dense fp64 sums (layers x heads x L^2 x 16 bytes: 0.6 GB for BERT-base at 512,
+# 2.4 GB at 1,024, 155 GB at 8,192) up to this many slots, straight into the compact structure above.
+DENSE_CALIBRATION_UP_TO = 512
 DTYPES = ("fp32", "fp16", "bf16")
 
 

@@ -121,3 +121,26 @@ def test_an_unreachable_hub_is_asked_once_and_convert_falls_back_in_one_line(tin
         assert said == lines and len(said) == 1 and "does not answer" in said[0], lines
     recipe = json.loads((tmp_path / "out" / "papa_recipe.json").read_text())
     assert "wikitext2_valid_excerpt" in recipe["corpus"]["description"] and recipe["corpus"]["examples"] == 16
+
+
+def test_documents_join_lines_into_articles_at_wikitext_headings(tmp_path):
+    """``documents:SRC`` joins lines into whole articles at top-level headings; sub-headings stay inside."""
+    from papa_surgery.calibration.corpus import load_corpus
+
+    path = tmp_path / "wiki.txt"
+    path.write_text(" = First = \n\n one line .\n = = Part = = \n two line .\n = Second = \n three .\n")
+    docs = list(load_corpus(f"documents:{path}"))
+    assert docs == ["= First = one line . = = Part = = two line .", "= Second = three ."]
+    assert load_corpus(f"documents:{path}").description == "documents of text file wiki.txt"
+
+
+def test_documents_of_the_bundled_excerpt_offline():
+    """The bundled excerpt has no headings: documents of about DOCUMENT_WORDS words, every line used once."""
+    from papa_surgery.calibration.corpus import DOCUMENT_WORDS, bundled_corpus, load_corpus
+
+    docs = list(load_corpus("documents:"))
+    lines = list(bundled_corpus())
+    assert len(docs) > 5 and " ".join(docs) == " ".join(lines)
+    assert all(len(d.split()) >= DOCUMENT_WORDS for d in docs[:-1])
+    with pytest.raises(ValueError, match="single documents"):
+        load_corpus("documents:", pairs=True)

@@ -43,7 +43,11 @@ def calibrate(
     max_examples: int | None = None,
     source_name: str | None = None,
     fill: bool = True,
-) -> Constants:
+    storage: str = "dense",
+    compact_band: int | None = None,
+    compact_rank: int | None = None,
+    variance: bool = True,
+):
     """Average every head's attention over an unlabelled corpus, in the slot layout.
 
     Args:
@@ -61,12 +65,28 @@ def calibrate(
         source_name: the source's Hub id or path, recorded in the provenance.
         fill: fill the cells no example reached from each head's measured profile (``Constants.fill``);
             ``False`` keeps the raw averages (zeros there).
+        storage, compact_band, compact_rank: how the constants will be stored (``convert``'s options). With
+            ``compact``, and with ``auto`` above L = ``registry.DENSE_CALIBRATION_UP_TO`` (512), attention streams
+            straight into the compact structure (:mod:`.into_structure`: no (L, L) sums per head) and the result is
+            :class:`~papa_surgery.calibration.structured_constants.StructuredConstants`. ``dense`` (the default
+            here) keeps the dense sums whatever L.
+        variance: structured calibration only: run the pass that measures the per-head variance.
 
     Returns:
-        ``Constants`` of kind ``average`` with per-cell counts and per-head variance. When the corpus reaches
-        fewer than ``max_length`` slots a ``CoverageWarning`` says so, once, with the fix.
+        ``Constants`` (``StructuredConstants``: see ``storage``) of kind ``average`` with per-cell counts and
+        per-head variance. When the corpus reaches fewer than ``max_length`` slots a ``CoverageWarning`` says so,
+        once, with the fix.
     """
     corpus = load_corpus(corpus, pairs=pairs, max_examples=max_examples)
+    layout = structured_layout(storage, max_length, pairs, compact_band, compact_rank)
+    if layout is not None:
+        from .into_structure import calibrate_structured
+
+        constants = calibrate_structured(
+            model, tokenizer, corpus, layout, pairs, batch_size, device, progress, source_name, fill, variance
+        )
+        warn_coverage(constants, stacklevel=4)
+        return constants
     family = get_family(model)
     num_heads, num_layers = num_heads_layers(model.config)
     device, restore = borrow(model, device)
@@ -105,6 +125,22 @@ def calibrate(
     constants = Constants(values, "average", max_length, pairs, counts, variance, metadata)
     warn_coverage(constants, stacklevel=4)  # past this function and torch.no_grad's wrapper
     return constants.fill() if fill else constants
+
+
+def structured_layout(storage: str, max_length: int, pairs: bool, band=None, rank=None):
+    """The compact layout calibration streams into for ``storage``, or ``None`` for dense sums (see ``calibrate``)."""
+    from .. import registry
+    from .compaction import layout_for
+
+    if storage == "auto" and max_length <= registry.DENSE_CALIBRATION_UP_TO:
+        return None
+    return layout_for(storage, max_length, pairs, band, rank)
+
+
+def structure_of(kind: str, storage: str, max_length: int, pairs: bool, band, rank) -> tuple[int, int] | None:
+    """(band, rank) constants of ``kind`` are calibrated into (only the ``average`` streams into one), else ``None``."""
+    layout = structured_layout(storage, max_length, pairs, band, rank) if kind == "average" else None
+    return None if layout is None else (layout.band, layout.rank)
 
 
 class _Sink:

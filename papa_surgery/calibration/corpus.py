@@ -23,6 +23,8 @@ DATA_FILE_TYPES = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet":
 DEFAULT_CORPUS_FILE = "wikitext2_valid_excerpt.txt"
 DEFAULT_HUB_CORPUS = "Salesforce/wikitext:wikitext-103-raw-v1:train:text"
 DEFAULT_HUB_EXAMPLES = 2000  # lines of DEFAULT_HUB_CORPUS the default corpus reads
+DOCUMENTS = "documents:"  # corpus spec prefix: lines joined into whole articles (long-input calibration)
+DOCUMENT_WORDS = 8000  # a source with no WikiText headings is cut into documents of about this many words
 logger = logging.getLogger("papa_surgery")
 
 
@@ -164,7 +166,9 @@ def load_corpus(src, pairs: bool = False, max_examples: int | None = None, colum
             return src
         limit = max_examples if src.max_examples is None else min(max_examples, src.max_examples)
         return dataclasses.replace(src, max_examples=limit)
-    if isinstance(src, (list, tuple)):
+    if isinstance(src, str) and src.startswith(DOCUMENTS):
+        corpus = _documents(src[len(DOCUMENTS) :], pairs, max_examples, columns)
+    elif isinstance(src, (list, tuple)):
         _check_examples(src, pairs)
         corpus = Corpus(list(src), pairs, f"in-memory list of {len(src)} examples", max_examples, len(src))
     elif hasattr(src, "column_names") and hasattr(src, "__iter__"):
@@ -179,6 +183,38 @@ def load_corpus(src, pairs: bool = False, max_examples: int | None = None, colum
             + (f" (with {spell('pairs', True)} every line needs exactly one TAB)" if pairs else "")
         )
     return corpus
+
+
+class _Articles:
+    """Lines of ``lines`` joined into articles: a WikiText top-level heading (`` = Title = ``, not `` = = Sub = = ``)
+    starts a new one; a source with no heading at all is cut into documents of about ``DOCUMENT_WORDS`` words."""
+
+    def __init__(self, lines):
+        self.lines = lines
+
+    def __iter__(self):
+        article: list[str] = []
+        words, headed = 0, False
+        for line in self.lines:
+            text = line.strip()
+            heading = text.startswith("= ") and text.endswith(" =") and not text.startswith("= =")
+            headed = headed or heading
+            if article and (heading or (not headed and words >= DOCUMENT_WORDS)):
+                yield " ".join(article)
+                article, words = [], 0
+            article.append(text)
+            words += len(text.split())
+        if article:
+            yield " ".join(article)
+
+
+def _documents(inner: str, pairs: bool, max_examples, columns) -> Corpus:
+    """``documents:SRC``: the lines of SRC (any source above; empty: the bundled excerpt) as whole articles, for
+    calibrating long inputs (each is cut at L tokens, as any example is)."""
+    if pairs:
+        raise ValueError(f"{DOCUMENTS}... makes single documents; drop {spell('pairs', True)}")
+    lines = load_corpus(inner or default_corpus_path(), columns=columns)
+    return Corpus(_Articles(lines), False, f"documents of {lines.description}", max_examples, None)
 
 
 def _check_examples(examples, pairs: bool) -> None:

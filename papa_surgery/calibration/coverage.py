@@ -31,8 +31,12 @@ class CoverageWarning(UserWarning):
 
 
 def covered_length(counts: torch.Tensor) -> int:
-    """How many slots at least one calibration example reached (for single sentences: the longest example)."""
-    return int((counts.diagonal() > 0).sum())
+    """How many slots at least one calibration example reached (for single sentences: the longest example).
+
+    ``counts``: the (L, L) per-cell counts, or the (L,) per-slot coverage (structured constants keep only that).
+    """
+    coverage = counts.diagonal() if counts.dim() == 2 else counts
+    return int((coverage > 0).sum())
 
 
 def _weighted_mean(values: torch.Tensor, weights: torch.Tensor, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -122,9 +126,10 @@ def coverage_message(counts: torch.Tensor, max_length: int, pairs: bool) -> str 
 
 def warn_coverage(constants, stacklevel: int = 3) -> None:
     """Warn (``CoverageWarning``), once per ``Constants`` object, when its corpus covers fewer than L slots."""
-    if constants.counts is None or getattr(constants, "_coverage_warned", False):
+    coverage = constants.coverage  # (L,) examples per slot; None for data-free kinds
+    if coverage is None or getattr(constants, "_coverage_warned", False):
         return
-    message = coverage_message(constants.counts, constants.max_length, constants.pairs)
+    message = coverage_message(coverage, constants.max_length, constants.pairs)
     constants._coverage_warned = True
     if message:
         warnings.warn(message, CoverageWarning, stacklevel=stacklevel)

@@ -56,7 +56,7 @@ def _refuse_calibration_with_constants(ctx, constants_file: str | None) -> None:
 @click.command()
 @click.argument("model")
 @click_options(CalibrationOptions)
-@click_options(ConvertOptions, only=("kind",))
+@click_options(ConvertOptions, only=("kind", "storage", "compact_band", "compact_rank"))
 @click_options(DistillOptions)
 @click_options(RunOptions)
 @click_options(FileOutputOptions)
@@ -77,6 +77,12 @@ def calibrate(ctx, model, **kwargs):
         overwrite=out.overwrite,
         kind=kwargs["kind"],
         distill=from_kwargs(DistillOptions, kwargs),
+        storage=ConvertOptions(  # the storage options only (no conversion: the fraction is unused)
+            fraction=0,
+            storage=kwargs["storage"],
+            compact_band=kwargs["compact_band"],
+            compact_rank=kwargs["compact_rank"],
+        ),
     )
     click.echo(f"wrote {path}")
 

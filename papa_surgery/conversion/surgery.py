@@ -72,7 +72,9 @@ def build_papa_model(source, config, constants: dict[int, torch.Tensor] | None =
         source: the source model (never changed), of the auto class the PAPA model should have.
         config: its PAPA config (:func:`papa_config`).
         constants: ``{layer: (Hc, L, L)}`` for each layer's constant heads, in head order; zeros if absent.
-            A config with a compact layout stores them as compact parts (``papa_surgery.compact``).
+            A config with a compact layout stores them as compact parts (``papa_surgery.compact``); a layer's
+            entry may also be those parts already (``{name: (Hc, ...)}``, from structured calibration), stored as
+            they are, so no (L, L) matrix is ever built.
         unused: prefixes of weights the caller never reads (the encoder's pooler in a lambda model), zeros
             where the source lacks them (RoBERTa-style task heads build their encoder without a pooler).
 
@@ -100,6 +102,10 @@ def build_papa_model(source, config, constants: dict[int, torch.Tensor] | None =
             given = (constants or {}).get(layer)
             if given is None:
                 state[key] = torch.zeros(meta.shape)
+            elif isinstance(given, dict):
+                if local not in given:
+                    raise ValueError(f"compact constant parts given for a dense layout (layer {layer}); convert dense")
+                state[key] = given[local]
             elif local == "papa_constants":
                 state[key] = given
             else:
@@ -177,11 +183,15 @@ def convert(
     constants = constants.fill()  # files written before filling existed still have empty cells
     heads = normalize_heads(heads, num_layers, num_heads)
     store = resolve_dtype(dtype)
-    layout = (
-        None
-        if trainable_constants
-        else layout_for(storage, constants.max_length, constants.pairs, compact_band, compact_rank)
-    )
+    structured = getattr(constants, "layout", None)  # StructuredConstants: calibrated into a compact layout
+    if structured is not None:
+        layout = _structured_layout(structured, storage, trainable_constants, compact_band, compact_rank)
+    else:
+        layout = (
+            None
+            if trainable_constants
+            else layout_for(storage, constants.max_length, constants.pairs, compact_band, compact_rank)
+        )
     if trainable_constants and storage == "compact":
         raise ValueError("trainable constants are stored dense; drop storage='compact' or trainable_constants")
     config = papa_config(
@@ -203,12 +213,29 @@ def convert(
         papa_surgery_version=__version__,
     )
     by_layer = heads_by_layer(heads)
-    values = {layer: constants.values[layer, sorted(hs)] for layer, hs in by_layer.items()}  # (Hc, L, L) each
+    if structured is not None:  # the parts as calibrated: no (L, L) matrix
+        values = {layer: constants.layer_parts(layer, hs) for layer, hs in by_layer.items()}
+    else:
+        values = {layer: constants.values[layer, sorted(hs)] for layer, hs in by_layer.items()}  # (Hc, L, L) each
     papa = build_papa_model(model, config, values)
     config = papa.config
     config.architectures = [type(papa).__name__]
     config.auto_map = auto_map(family)
     return papa
+
+
+def _structured_layout(layout: CompactLayout, storage: str, trainable: bool, band, rank) -> CompactLayout:
+    """The layout of constants calibrated into structure; ValueError when the conversion asks for another."""
+    fix = "calibrate again with that storage (--storage, --compact-band, --compact-rank at calibrate)"
+    if trainable or storage == "dense":
+        raise ValueError(
+            f"these constants were calibrated into compact storage (band {layout.band}, rank {layout.rank}); dense "
+            f"or trainable constants need dense calibration: {fix.replace('that storage', 'storage dense')}"
+        )
+    for name, wanted, have in (("compact_band", band, layout.band), ("compact_rank", rank, layout.rank)):
+        if wanted is not None and int(wanted) != have:
+            raise ValueError(f"these constants were calibrated with {name}={have}, not {wanted}; {fix}")
+    return layout
 
 
 def rebuild_papa_model(papa, *, trainable_constants: bool = False, storage: str = "auto", dtype=None):

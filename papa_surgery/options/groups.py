@@ -12,7 +12,9 @@ from .checks import FRACTION, POSITIVE_FLOAT, POSITIVE_INT, SLOTS, Checked, Devi
 
 DEFAULT_CORPUS_HELP = (
     "Calibration corpus: a text file (one example per line, TAB between a pair), a datasets folder/file, or a "
-    "Hub spec name[:config]:split:column. Default: WikiText-103 train from the Hub, or offline the bundled excerpt."
+    "Hub spec name[:config]:split:column; documents:SRC joins SRC's lines into whole articles (at WikiText's "
+    "' = Title = ' headings; documents: alone: the bundled excerpt) for long inputs. Default: WikiText-103 train "
+    "from the Hub, or offline the bundled excerpt."
 )
 
 
@@ -187,10 +189,23 @@ class ConvertOptions(Checked):
     dtype: str = opt("Storage dtype of the constants.", "fp32", type=click.Choice(registry.DTYPES))
     storage: str = opt(
         "How constants are stored: dense L x L matrices, or compact (band, special slots, relative-offset profile "
-        "and a rank-16 residual; what the model computes with, exactly). auto: dense up to L=128, compact above.",
+        "and a rank-16 residual; what the model computes with, exactly). auto: dense up to L=128, compact above. "
+        "Calibration streams straight into the compact form (no L x L sums per head) with compact, and with auto "
+        "above L=512.",
         "auto",
         type=click.Choice(tuple(registry.STORAGES)),
     )
+    compact_band: int | None = opt(
+        "Compact storage: the diagonals -w..w stored exactly (default 16).", type=click.IntRange(min=0)
+    )
+    compact_rank: int | None = opt(
+        "Compact storage: the rank of the residual off the band (default 16).", type=click.IntRange(min=0)
+    )
+
+    def storage_kwargs(self) -> dict:
+        """``storage``, ``compact_band``, ``compact_rank``: what calibration and conversion both read."""
+        return {"storage": self.storage, "compact_band": self.compact_band, "compact_rank": self.compact_rank}
+
     trainable_constants: bool = opt(
         "Let fine-tuning update the constants (the paper's labeled matrices).", False, is_flag=True
     )

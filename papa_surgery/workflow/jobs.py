@@ -56,14 +56,17 @@ def _workflow(model_name: str, run: RunOptions, source: str, progress: bool, att
     return Workflow(model, tokenizer, source_name=source, run=run, progress=progress)
 
 
-def _calibration(cal: CalibrationOptions, corpus) -> dict:
+def _calibration(cal: CalibrationOptions, corpus, conv: ConvertOptions | None = None) -> dict:
     """The keyword arguments of ``Workflow.constants`` for these options and the opened corpus (``max_length``
-    ``None``: the source's own length, resolved by the workflow once the source is loaded)."""
+    ``None``: the source's own length, resolved by the workflow once the source is loaded); ``conv``'s storage
+    reaches calibration, which streams straight into a compact layout."""
+    storage = {} if conv is None else conv.storage_kwargs()
     return {
         "corpus": corpus if corpus is not None else cal.corpus,
         "max_length": cal.max_length,
         "pairs": cal.pairs,
         "max_examples": cal.max_examples,
+        **storage,
     }
 
 
@@ -118,7 +121,7 @@ def run_convert(
     preflight_ranking(rank)
     flow = _workflow(model_name, run, source, progress)
     check_pairs_fit(flow.tokenizer, flow.slots(cal.max_length), cal.pairs and corpus is not None)
-    calibration = _calibration(cal, corpus)
+    calibration = _calibration(cal, corpus, conv)
     if given is not None:
         given.check_compatible(flow.model.config, source, model=flow.model)
         constants = given
@@ -145,7 +148,7 @@ def run_convert(
         conv.fraction,
         kind=kind.name,
         dtype=conv.dtype,
-        storage=conv.storage,
+        **conv.storage_kwargs(),
         trainable_constants=conv.trainable_constants,
         command=command,
         record=source_record(model_name, path, info),
@@ -243,8 +246,10 @@ def run_calibrate(
     overwrite: bool = False,
     kind: str = "average",
     distill: DistillOptions | None = None,
+    storage: ConvertOptions | None = None,
 ) -> Path:
-    """``papa-surgery calibrate``: write a constants file (``distilled``: for an attention-free model)."""
+    """``papa-surgery calibrate``: write a constants file (``distilled``: for an attention-free model); ``storage``
+    (``--storage``, ``--compact-band``, ``--compact-rank``): the storage the constants are calibrated for."""
     out = check_output_file(out, overwrite, "constants")
     _, config, source, _ = _source(model_name)
     check_source_config(config, model_name)
@@ -253,7 +258,7 @@ def run_calibrate(
     corpus = open_corpus(cal.corpus, pairs=cal.pairs, max_examples=cal.max_examples)
     flow = _workflow(model_name, run, source, progress)
     check_pairs_fit(flow.tokenizer, flow.slots(cal.max_length), cal.pairs)
-    constants = flow.constants(kind, **_calibration(cal, corpus), distill=distill)
+    constants = flow.constants(kind, **_calibration(cal, corpus, storage), distill=distill)
     on_main(write_output, out, overwrite, "constants", constants.save)  # under a launcher: rank 0 writes
     return out
 

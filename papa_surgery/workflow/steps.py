@@ -123,6 +123,9 @@ class Workflow:
         max_examples: int | None = None,
         heads=None,
         distill: DistillOptions | None = None,
+        storage: str = "auto",
+        compact_band: int | None = None,
+        compact_rank: int | None = None,
     ):
         """The constants of ``kind`` for every head (a ``distilled`` kind: trained for ``heads``), on ``max_length``
         slots (default: the source's own length, :attr:`source_length`).
@@ -130,7 +133,8 @@ class Workflow:
         Data-free kinds read no corpus; corpus averages (``average``, ``norm-average``, ``effective-average``)
         are one pass over ``corpus`` (``None``: the default corpus); ``distilled`` starts from the average and
         trains the matrices of ``heads`` (default: every head) toward the source's hidden states; a labelled
-        kind returns its starting matrices (the probe of a sweep cell trains them).
+        kind returns its starting matrices (the probe of a sweep cell trains them); compact ``storage`` (band, rank)
+        makes the average calibrate into it.
         """
         chosen = registry.kind(kind, sweeps=True)
         max_length = self.slots(max_length)
@@ -143,12 +147,15 @@ class Workflow:
             return Constants.from_kind(chosen.name, layers, heads_per_layer, max_length, source_model=self.source)
         corpus = corpus if isinstance(corpus, Corpus) else open_corpus(corpus, pairs=pairs, max_examples=max_examples)
         if chosen.made == registry.TRAINED:
-            start = self.constants(chosen.starts_from, corpus=corpus, max_length=max_length)
+            start = self.constants(chosen.starts_from, corpus=corpus, max_length=max_length, storage="dense")
             return self.distilled(start, heads, corpus, distill)
-        key = (chosen.name, corpus_key(corpus), max_length)
-        return self.cache.fetch("constants", key, lambda: self._average(chosen.name, corpus, max_length))
+        from ..calibration.average import structure_of
 
-    def _average(self, kind: str, corpus: Corpus, max_length: int):
+        structure = structure_of(chosen.name, storage, max_length, corpus.pairs, compact_band, compact_rank)
+        key = (chosen.name, corpus_key(corpus), max_length) + ((structure,) if structure else ())
+        return self.cache.fetch("constants", key, lambda: self._average(chosen.name, corpus, max_length, structure))
+
+    def _average(self, kind: str, corpus: Corpus, max_length: int, structure=None):
         options = dict(
             max_length=max_length,
             pairs=corpus.pairs,
@@ -160,6 +167,8 @@ class Workflow:
         if kind == "average":
             from ..calibration.average import calibrate
 
+            if structure is not None:
+                options.update(storage="compact", compact_band=structure[0], compact_rank=structure[1])
             return calibrate(self.model, self.tokenizer, corpus, **options)
         from ..analysis import analysis_constants
 
@@ -269,6 +278,8 @@ class Workflow:
         method: str | None = None,
         dtype: str = "fp32",
         storage: str = "auto",
+        compact_band: int | None = None,
+        compact_rank: int | None = None,
         trainable_constants: bool = False,
         command: str | None = None,
         record: dict | None = None,
@@ -297,7 +308,7 @@ class Workflow:
             method=method or (None if ranking is None else ranking.method),
             fraction=fraction,
             dtype=dtype,
-            storage=storage,
+            **dict(storage=storage, compact_band=compact_band, compact_rank=compact_rank),
             trainable_constants=trainable_constants,
             source_name=self.source,
         )

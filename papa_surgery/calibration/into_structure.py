@@ -1,0 +1,138 @@
+"""Calibration straight into the compact structure (``calibrate`` picks it when the layout is compact).
+
+Three passes over the corpus, none holding an (L, L) tensor per head:
+
+1. the tokenizer only: the corpus's slot layouts, hence every cell's count (``layouts.py``);
+2. the model: each layer's attention streamed into band / special rows and columns / per-offset sums and the
+   residual's sketch (``structured.py``), finished into compact parts (``structured_result.py``);
+3. the model again, for the per-head variance: the exact mean squared deviation of A from the constants the
+   checkpoint computes with (the compact parts), over every real entry. The dense path's variance is the deviation
+   from the per-cell means; the two differ by the count-weighted compaction error (equal when the structure
+   represents the means exactly, which the tests check). Per-cell means of far cells are never held, so the dense
+   definition has no exact streaming form; ``variance=False`` skips this pass.
+
+Under torch.distributed each process runs its own batches and the sums are all-reduced: the result equals one
+process's up to the order of fp64 additions (not bitwise, unlike the dense path).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..hub_code.compact_constants import CompactLayout
+from ..hub_code.modeling_papa import attention_modules
+from ..hub_code.slots import compute_slots
+from ..models.families import get_family, num_heads_layers
+from .encoding import encode, model_inputs
+from .layouts import scan_layouts
+from .passes import borrow, pass_metadata, process_batches
+from .structured import StructuredAccumulator
+from .structured_constants import StructuredConstants
+from .structured_result import structured_parts
+
+
+def _run(model, tokenizer, corpus, layout, pairs, batch_size, device, progress, desc, start, add):
+    """One pass of the model over ``corpus`` with eager attention: ``start(slots)`` per batch, ``add(layer, A)``."""
+    family = get_family(model)
+    previous_impl = model.config._attn_implementation
+    model.set_attn_implementation("eager")
+    handles = [
+        m.register_forward_hook(lambda _m, _in, out, layer=layer: add(layer, out[1]))
+        for layer, m in enumerate(attention_modules(model))
+    ]
+    bar, world = process_batches(corpus, batch_size, desc, progress)
+    try:
+        for batch in bar:
+            enc = encode(tokenizer, batch, layout.max_length, pairs=pairs).to(device)
+            start(compute_slots(enc["input_ids"], enc["attention_mask"], layout.max_length, tokenizer.sep_token_id))
+            model(**model_inputs(model, enc), output_attentions=family.needs_output_attentions)
+    finally:
+        for h in handles:
+            h.remove()
+        model.set_attn_implementation(previous_impl)
+    return world
+
+
+@torch.no_grad()
+def calibrate_structured(model, tokenizer, corpus, layout: CompactLayout, pairs: bool = False, batch_size: int = 32,
+                         device=None, progress: bool = True, source_name=None, fill: bool = True,
+                         variance: bool = True, sketch=None, seed: int = 0) -> StructuredConstants:  # fmt: skip
+    """:func:`papa_surgery.calibration.calibrate` into ``layout`` (module docstring); ``corpus`` is a ``Corpus``.
+
+    ``sketch``: :class:`~papa_surgery.calibration.structured.SketchSizes` (default ``for_rank``); ``seed`` seeds
+    its test matrices.
+    """
+    num_heads, num_layers = num_heads_layers(model.config)
+    layouts = scan_layouts(corpus, tokenizer, layout.max_length, pairs, batch_size, progress)
+    if layouts.examples == 0:
+        raise ValueError(f"the corpus {corpus.description} gave no examples to calibrate on")
+    device, restore = borrow(model, device)
+    try:
+        acc = StructuredAccumulator(num_layers, num_heads, layout, layouts, sketch, device, seed)
+        world = _run(model, tokenizer, corpus, layout, pairs, batch_size, device, progress, "calibrate",
+                     acc.start_batch, acc.add)  # fmt: skip
+        acc.reduce()
+        parts = {name: t.float() for name, t in structured_parts(acc, fill).items()}
+        deviation = None
+        if variance:
+            deviation = _Deviation(acc, parts)
+            _run(model, tokenizer, corpus, layout, pairs, batch_size, device, progress, "variance",
+                 deviation.start_batch, deviation.add)  # fmt: skip
+    finally:
+        restore()
+    metadata = pass_metadata(model, corpus, acc.examples, batch_size, world, source_name)
+    metadata["calibrated_into"] = {"band": layout.band, "rank": layout.rank, "sketch": [acc.sizes.k, acc.sizes.l]}
+    if fill:
+        from .coverage import FILL_METHOD
+
+        metadata["filled"] = FILL_METHOD
+    filled = layout.max_length**2 - int(acc.cells.round())
+    return StructuredConstants(
+        parts, layout, "average", pairs, acc.coverage.cpu(), filled, None if deviation is None else deviation.result(),
+        metadata,
+    )  # fmt: skip
+
+
+class _Deviation:
+    """Sum over real entries of (A - C~)^2 per head, C~ the compact constants read at each example's cells."""
+
+    def __init__(self, acc: StructuredAccumulator, parts: dict):
+        self.acc = acc
+        self.parts = {name: t.to(acc.device, torch.float64) for name, t in parts.items()}  # the stored values
+        layers, heads = parts["papa_constants_profile"].shape[:2]
+        self.squares = torch.zeros(layers, heads, dtype=torch.float64, device=acc.device)
+        self.entries = torch.zeros((), dtype=torch.float64, device=acc.device)
+
+    def start_batch(self, slots: torch.Tensor) -> None:
+        self.examples = []
+        for row in slots.to(self.acc.device):
+            idx = (row >= 0).nonzero().squeeze(-1)
+            self.examples.append((idx, row[idx]))
+            self.entries += len(idx) ** 2
+
+    def add(self, layer: int, matrices: torch.Tensor) -> None:
+        acc, w, length = self.acc, self.acc.layout.band, self.acc.max_length
+        p = {name: t[layer] for name, t in self.parts.items()}
+        for e, (idx, s) in enumerate(self.examples):
+            a_e = matrices[e].detach().index_select(-1, idx.to(matrices.device))  # (H, N, n)
+            for a0, a1 in acc._chunks(len(s)):
+                rows = s[a0:a1]
+                d = s[None, :] - rows[:, None]  # (c, n)
+                c = p["papa_constants_profile"][:, d + length - 1]  # (H, c, n) Toeplitz
+                c = c + p["papa_constants_u"][:, rows] @ p["papa_constants_v"][:, s].transpose(-1, -2)
+                band = p["papa_constants_band"][:, rows[:, None], (d + w).clamp(0, 2 * w)]  # (H, c, n)
+                c = torch.where(d.abs() <= w, band, c)
+                i_special, j_special = acc.special_index[rows], acc.special_index[s]  # (c,), (n,)
+                from_rows = p["papa_constants_rows"][:, i_special.clamp_min(0)][:, :, s]  # (H, c, n)
+                c = torch.where((i_special >= 0)[:, None], from_rows, c)
+                from_cols = p["papa_constants_cols"][:, rows][:, :, j_special.clamp_min(0)]  # (H, c, n)
+                c = torch.where((j_special >= 0)[None, :], from_cols, c).clamp_min(0)
+                a = a_e.index_select(1, idx[a0:a1].to(matrices.device)).to(acc.device, torch.float64)
+                self.squares[layer] += ((a - c) ** 2).sum((1, 2))
+
+    def result(self) -> torch.Tensor:
+        """(layers, heads) the mean squared deviation."""
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            torch.distributed.all_reduce(self.squares)
+            torch.distributed.all_reduce(self.entries)
+        return (self.squares / self.entries.clamp_min(1.0)).cpu()
