@@ -5,12 +5,15 @@ Sections (``--sections``), side by side in one run:
 speed    batch 1, one document of n tokens (every position real; the source's sdpa attention on CPU), at
          fractions 1 and 0.5 of the heads constant (the 0.5 drawn at random, so kept and constant heads mix):
          median forward seconds of interleaved repeats, the speed-up, and which product the constant heads used
-         (``structured``: profile by FFT, residual, band blocks; ``dense``: one GEMM with C_S).
+         in global layers (``structured``: profile by FFT, residual, band blocks; ``dense C_S``: built from the
+         parts, one GEMM); local layers of an L > 512 model always take the structured band product.
 memory   peak activation memory of one forward at each n (bytes the CPU allocator holds above what it held
          before the call, from the profiler), source vs fractions 1 and 0.5.
-size     checkpoint size at L = 8,192, fraction 1 (compact constants, band 16, rank 16) vs the source's weights.
+size     checkpoint size at L = 8,192, fraction 1 (the default compact layout there: the diagonal, special slots,
+         profile and a rank-4 residual), fp32 and fp16 constants, vs the source's weights.
 crossover  ``C_S X`` of 12 heads (d = 64) by the dense GEMM vs the structured product, batch 1 and 8, global
-         and local (window 64) layers: the numbers behind ``STRUCTURED_FROM`` / ``STRUCTURED_WINDOWED_FROM``.
+         and local (window 64) layers, and the cost of building a dense C_S from the parts: the numbers behind
+         ``STRUCTURED_FROM``.
 
 The converted models are ModernBERT-base (random weights) at L = 8,192 with compact constants set from a
 harmonic profile (``1 / (1 + |i - j|)``) plus a small random residual: what a constant costs does not depend on
@@ -33,6 +36,7 @@ import torch
 from bench_runtime import batch, peak_activation_bytes, source_model
 from timing import interleaved_medians
 
+from papa_surgery.calibration.compaction import layout_for
 from papa_surgery.conversion.checkpoint import save_checkpoint
 from papa_surgery.conversion.surgery import build_papa_model, papa_config
 from papa_surgery.hub_code import constant_heads
@@ -61,8 +65,10 @@ def harmonic_parts(layout: CompactLayout, heads: int, generator: torch.Generator
     }
 
 
-def long_converted(source, fraction: float, length: int = LENGTH, seed: int = 0):
-    """``source`` with ``fraction`` of its heads constant (seeded random choice), compact constants at L."""
+def long_converted(source, fraction: float, length: int = LENGTH, seed: int = 0, dtype: str = "float32"):
+    """``source`` with ``fraction`` of its heads constant (seeded random choice), compact constants at L in the
+    default layout for that L (``layout_for``: at 8,192 the diagonal, special slots, profile and rank 4)."""
+    layout = layout_for("auto", length, pairs=False)
     config = source.config
     layers, heads = config.num_hidden_layers, config.num_attention_heads
     order = [[layer, h] for layer in range(layers) for h in range(heads)]
@@ -76,8 +82,9 @@ def long_converted(source, fraction: float, length: int = LENGTH, seed: int = 0)
             papa_constant_heads=chosen,
             papa_sep_token_id=config.sep_token_id,
             papa_calibrated_on="single",
-            papa_compact_band=16,
-            papa_compact_rank=16,
+            papa_compact_band=layout.band,
+            papa_compact_rank=layout.rank,
+            papa_constants_dtype=dtype,
             papa_kind="toeplitz",
             papa_fraction=fraction,
         ),
@@ -95,7 +102,7 @@ def long_converted(source, fraction: float, length: int = LENGTH, seed: int = 0)
 
 def product_used(n: int) -> str:
     """Which product a global layer's constant heads use for one document of n tokens."""
-    return "structured" if n + 1 >= constant_heads.STRUCTURED_FROM else "dense"
+    return "structured" if n + 1 >= constant_heads.STRUCTURED_FROM else "dense C_S"
 
 
 def speed(lengths, repeats: int, models: dict) -> None:
@@ -127,15 +134,21 @@ def memory(lengths, models: dict) -> None:
 
 
 def size(models: dict) -> None:
-    from transformers import AutoTokenizer  # noqa: F401  (no tokenizer: weights only)
-
-    with tempfile.TemporaryDirectory() as tmp:
-        src_dir, papa_dir = Path(tmp) / "source", Path(tmp) / "papa"
-        models["source"].save_pretrained(src_dir)
-        save_checkpoint(models[1.0], papa_dir, recipe={"benchmark": "bench_long"})
-        src, papa = ((d / "model.safetensors").stat().st_size for d in (src_dir, papa_dir))
+    """Checkpoint size at L = 8,192, fraction 1, with fp32 and fp16 constants, against the source's weights."""
     mib = 2**20
-    print(f"size: L={LENGTH} fraction 1 checkpoint {papa / mib:.1f} MiB, source {src / mib:.1f} MiB: {papa / src:.3f}x")
+    with tempfile.TemporaryDirectory() as tmp:
+        models["source"].save_pretrained(Path(tmp) / "source")
+        src = (Path(tmp) / "source" / "model.safetensors").stat().st_size
+        for dtype in ("float32", "float16"):
+            papa = models[1.0] if dtype == "float32" else long_converted(models["source"], 1.0, dtype=dtype)
+            layout = attention_modules(papa)[0].papa_compact_layout
+            out = save_checkpoint(papa, Path(tmp) / dtype, recipe={"benchmark": "bench_long"})
+            size = (out / "model.safetensors").stat().st_size
+            print(
+                f"size: L={LENGTH} fraction 1, band {layout.band} rank {layout.rank}, {dtype} constants: "
+                f"{size / mib:.1f} MiB, source {src / mib:.1f} MiB: {size / src:.3f}x",
+                flush=True,
+            )
 
 
 def best(call, repeats: int) -> float:
@@ -150,8 +163,11 @@ def best(call, repeats: int) -> float:
 
 
 def crossover(repeats: int) -> None:
-    print("crossover: C_S X of 12 heads, d=64, seconds (best of repeats); dense includes no build")
-    print(f"{'S':>5s} {'batch':>5s} {'global dense':>12s} {'structured':>10s} {'local dense':>11s} {'structured':>10s}")
+    print("crossover: C_S X of 12 heads, d=64, seconds (best of repeats); building C_S from the parts apart")
+    print(
+        f"{'S':>5s} {'batch':>5s} {'global dense':>12s} {'C_S build':>11s} {'structured':>11s} "
+        f"{'local dense':>11s} {'structured':>11s}"
+    )
     g = torch.Generator().manual_seed(0)
     for b in (1, 8):
         for s in (256, 512, 768, 1024, 2048, 4096):
@@ -165,6 +181,7 @@ def crossover(repeats: int) -> None:
 
             row = [
                 best(functools.partial(dense.product, x), repeats),
+                best(structured.dense, repeats),
                 best(functools.partial(structured.product, x), repeats),
                 best(functools.partial(dense.band_product, x, 64), repeats),
                 best(functools.partial(structured.band_product, x, 64), repeats),

@@ -59,11 +59,10 @@ def path(monkeypatch):
     """``path("structured")`` / ``path("dense")``: force one side of the crossover."""
 
     def choose(kind: str) -> None:
-        start = 0 if kind == "structured" else 10**9
-        monkeypatch.setattr(constant_heads, "STRUCTURED_FROM", start)
-        monkeypatch.setattr(constant_heads, "STRUCTURED_WINDOWED_FROM", start)
-        if kind == "dense":
-            monkeypatch.setattr(constant_heads, "PREPARED_UP_TO", 10**9)  # the dense rebuild, not C_S from parts
+        structured = kind == "structured"
+        monkeypatch.setattr(constant_heads, "STRUCTURED_FROM", 0 if structured else 10**9)
+        # structured: no dense rebuild kept at any L; dense: the dense rebuild, not C_S from the parts
+        monkeypatch.setattr(constant_heads, "PREPARED_UP_TO", 0 if structured else 10**9)
 
     return choose
 
@@ -89,7 +88,8 @@ def test_attention_function_equals_the_dense_rebuild(length, pairs, window, path
 
 
 def test_both_paths_are_what_the_crossover_picks(monkeypatch):
-    """Below the crossover a dense ``C_S``, from it on the structured product; long L never rebuilds (L, L)."""
+    """Above L = 512: below the crossover a dense ``C_S`` from the parts, from it on (and in local layers) the
+    structured product; a long L never rebuilds (L, L)."""
     layout = CompactLayout(4096, 4, 2, special_slots(4096, False))
     holder = CompactHolder(random_parts(layout, 2, torch.Generator().manual_seed(0)), layout)
     for n, structured in ((40, False), (constant_heads.STRUCTURED_FROM + 10, True)):

@@ -6,8 +6,9 @@ residual, fitted by alternating a truncated SVD with re-imposing the exactly sto
 low-rank matrix completion, so the rank is spent on the cells it has to represent). The converted model then
 computes with ``rebuild(compact_parts(C))``: conversion, probes and the checkpoint all use those matrices.
 
-``default_layout`` picks the layout ``convert`` uses when storage is ``auto``: dense up to L=128 (already
-smaller than the source's query/key weights it replaces), compact above.
+``layout_for`` picks the layout ``convert`` uses when storage is ``auto``: dense up to L=128 (already smaller than
+the source's query/key weights it replaces), compact above (band 16, rank 16; above L=2,048 the diagonal and rank 4,
+so that the constants stay about the size of the query/key weights they replace).
 """
 
 from __future__ import annotations
@@ -20,6 +21,12 @@ from .coverage import offset_means
 STORAGES = ("auto", "dense", "compact")
 DEFAULT_BAND = 16
 DEFAULT_RANK = 16
+# Above LONG_FROM the default layout shrinks to the diagonal, the special slots, the profile and a rank-4 residual
+# (about 1 + 2 x 4 + 2 or 3 values per slot and head): band 16 and rank 16 would cost ~70 values per slot, which at
+# L = 8,192 makes a fraction-1 ModernBERT-base checkpoint 1.9x its source instead of smaller (bench_long.py, size).
+LONG_FROM = 2048
+LONG_BAND = 0
+LONG_RANK = 4
 DENSE_UP_TO = 128  # ``auto`` keeps dense matrices up to this L
 COMPLETION_ROUNDS = 4
 
@@ -34,8 +41,9 @@ def layout_for(storage: str, max_length: int, pairs: bool, band: int | None = No
         raise ValueError(f"unknown constants storage {storage!r}; choose one of {', '.join(STORAGES)}")
     if storage == "dense" or (storage == "auto" and max_length <= DENSE_UP_TO):
         return None
-    band = DEFAULT_BAND if band is None else int(band)
-    rank = DEFAULT_RANK if rank is None else int(rank)
+    long = max_length > LONG_FROM
+    band = (LONG_BAND if long else DEFAULT_BAND) if band is None else int(band)
+    rank = (LONG_RANK if long else DEFAULT_RANK) if rank is None else int(rank)
     if not (0 <= band < max_length and 0 <= rank <= max_length):
         raise ValueError(f"compact storage needs 0 <= band < L and 0 <= rank <= L (L={max_length}); got {band}, {rank}")
     return CompactLayout(max_length, band, rank, special_slots(max_length, pairs))

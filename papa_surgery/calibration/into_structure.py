@@ -6,10 +6,10 @@ Three passes over the corpus, none holding an (L, L) tensor per head:
 2. the model: each layer's attention streamed into band / special rows and columns / per-offset sums and the
    residual's sketch (``structured.py``), finished into compact parts (``structured_result.py``);
 3. the model again, for the per-head variance: the exact mean squared deviation of A from the constants the
-   checkpoint computes with (the compact parts), over every real entry. The dense path's variance is the deviation
-   from the per-cell means; the two differ by the count-weighted compaction error (equal when the structure
-   represents the means exactly, which the tests check). Per-cell means of far cells are never held, so the dense
-   definition has no exact streaming form; ``variance=False`` skips this pass.
+   checkpoint computes with (the compact parts, used as stored), over every real entry. The dense path's
+   variance is the deviation from the per-cell means; the two differ by the count-weighted compaction error
+   (equal when the structure represents the means exactly, which the tests check). Per-cell means of far cells
+   are never held, so the dense definition has no exact streaming form; ``variance=False`` skips this pass.
 
 Under torch.distributed each process runs its own batches and the sums are all-reduced: the result equals one
 process's up to the order of fp64 additions (not bitwise, unlike the dense path).
@@ -126,7 +126,7 @@ class _Deviation:
                 from_rows = p["papa_constants_rows"][:, i_special.clamp_min(0)][:, :, s]  # (H, c, n)
                 c = torch.where((i_special >= 0)[:, None], from_rows, c)
                 from_cols = p["papa_constants_cols"][:, rows][:, :, j_special.clamp_min(0)]  # (H, c, n)
-                c = torch.where((j_special >= 0)[None, :], from_cols, c).clamp_min(0)
+                c = torch.where((j_special >= 0)[None, :], from_cols, c)  # used as stored (format 2): no clamp
                 a = a_e.index_select(1, idx[a0:a1].to(matrices.device)).to(acc.device, torch.float64)
                 self.squares[layer] += ((a - c) ** 2).sum((1, 2))
 

@@ -24,6 +24,8 @@ import torch
 from ..hub_code.compact_constants import CompactLayout
 from .layouts import CorpusLayouts
 
+PLAN_CELLS = 2**24  # a batch's chunk plans (about 30 bytes a cell) are kept for all layers up to this many cells
+
 
 @dataclass(frozen=True)
 class SketchSizes:
@@ -108,14 +110,17 @@ class StructuredAccumulator:
         self.special_index = torch.full((length,), -1, dtype=torch.long, device=self.device)
         self.special_index[list(layout.special)] = torch.arange(s, device=self.device)
         self._examples: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self._plans: dict[tuple[int, int], _Plan] = {}
 
     def _chunks(self, n: int):
         return [(a, min(a + self.chunk, n)) for a in range(0, n, self.chunk)]
 
     def start_batch(self, slots: torch.Tensor) -> None:
         """Take the batch's slots (B, N) (-1 for padding) and count its cells."""
-        self._examples = []
-        for row in slots.to(self.device):
+        self._examples, self._plans = [], {}
+        cells = int((slots >= 0).sum(-1).pow(2).sum())
+        keep = cells <= PLAN_CELLS  # the plans serve every layer: kept when they fit, else rebuilt per layer
+        for e, row in enumerate(slots.to(self.device)):
             idx = (row >= 0).nonzero().squeeze(-1)  # (n,) the real tokens
             s = row[idx]  # (n,) their slots
             self._examples.append((idx, s))
@@ -123,6 +128,8 @@ class StructuredAccumulator:
             self.coverage.index_add_(0, s, torch.ones_like(s, dtype=torch.float64))
             for a0, a1 in self._chunks(len(s)):
                 plan = _Plan(self, s, a0, a1)
+                if keep:
+                    self._plans[e, a0] = plan
                 self.band_counts.view(-1).index_add_(0, plan.band_index, _ones(plan.band_index))
                 self.body_counts.index_add_(0, plan.offset[plan.body], _ones(plan.offset[plan.body]))
                 self.far_cells.index_add_(0, plan.offset[plan.far], plan.inverse_far[plan.far])
@@ -142,7 +149,7 @@ class StructuredAccumulator:
         for e, (idx, s) in enumerate(self._examples):
             a_e = matrices[e].detach().index_select(-1, idx.to(matrices.device))  # (H, N, n)
             for a0, a1 in self._chunks(len(s)):
-                plan = _Plan(self, s, a0, a1)
+                plan = self._plans.get((e, a0)) or _Plan(self, s, a0, a1)
                 a = a_e.index_select(1, idx[a0:a1].to(matrices.device)).to(self.device, torch.float64)  # (H, c, n)
                 self._add_chunk(layer, a, s, plan)
 

@@ -147,21 +147,29 @@ def _compact_layout(folder: Path):
         return None
 
 
-def read_constants(folder: Path) -> dict[str, object]:
-    """``{<module>.papa_constants: (Hc, L, L) float32 tensor}`` of a checkpoint, compact parts rebuilt."""
+def read_constants(folder: Path, slots: int | None = None) -> dict[str, object]:
+    """``{<module>.papa_constants: (Hc, L, L) float32 tensor}`` of a checkpoint, compact parts rebuilt.
+
+    ``slots``: only the first ``slots`` rows and columns (figures of a long-L checkpoint, whose full matrices would
+    be L^2 values per head), read from compact parts without rebuilding the rest.
+    """
+    import torch
     from safetensors import safe_open
 
-    from ..hub_code.compact_constants import COMPACT_PARTS, rebuild
+    from ..hub_code.compact_constants import COMPACT_PARTS
+    from ..hub_code.structured_constants import StructuredSlots
 
     layout = _compact_layout(folder)
     out = {}
     with safe_open(str(Path(folder) / "model.safetensors"), framework="pt") as f:
         for name in constants_header(folder):
             if name in f.keys():
-                out[name] = f.get_tensor(name).float()
+                out[name] = f.get_tensor(name).float()[:, :slots, :slots]
             elif layout is not None:
                 parts = {part: f.get_tensor(name + part.removeprefix(CONSTANTS_SUFFIX)) for part in COMPACT_PARTS}
-                out[name] = rebuild(parts, layout)
+                order = torch.arange(min(slots or layout.max_length, layout.max_length))
+                value = StructuredSlots(parts, layout, order, None, torch.float32).cells(order, order)  # (Hc, k, k)
+                out[name] = value.clamp_min(0) if layout.clamped else value
     return out
 
 

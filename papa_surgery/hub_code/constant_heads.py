@@ -31,7 +31,7 @@ import torch
 from .compact_constants import COMPACT_PARTS, CompactLayout, constants_of, rebuild
 from .slot_plan import SlotPlan
 from .slots import is_tracing, reference_constant_attention
-from .structured_constants import STRUCTURED_FROM, STRUCTURED_WINDOWED_FROM, DenseSlots, StructuredSlots
+from .structured_constants import STRUCTURED_FROM, DenseSlots, StructuredSlots
 
 PREPARED_UP_TO = 512  # compact constants up to this L keep their dense rebuild per module (Hc L^2 values)
 
@@ -86,11 +86,10 @@ def prepared_constants(module, dtype: torch.dtype) -> torch.Tensor:
 def compressed_constants(module, plan: SlotPlan, dtype: torch.dtype, window: int | None = None):
     """``C_S``, the constants' rows and columns of the slots the batch uses, as the product should use them.
 
-    Dense constants give a :class:`~structured_constants.DenseSlots` (clamped at 0). Compact constants of format 2
-    give a :class:`~structured_constants.StructuredSlots` from ``STRUCTURED_FROM`` rows on (a local layer's
-    from ``STRUCTURED_WINDOWED_FROM``, or at any S above L = ``PREPARED_UP_TO``); below that a dense ``C_S``:
-    up to L = ``PREPARED_UP_TO`` sliced from a dense rebuild kept per module, like dense constants, above it
-    (and in traced graphs) built from the parts, never the (L, L) matrices.
+    Dense constants give a :class:`~structured_constants.DenseSlots` (clamped at 0), and so do compact constants up
+    to L = ``PREPARED_UP_TO``: sliced from a dense rebuild kept per module. Above that, compact constants of format 2
+    give a :class:`~structured_constants.StructuredSlots` for local layers and from ``STRUCTURED_FROM`` (x B^0.75)
+    rows on, else a dense ``C_S`` built from the parts; traced graphs build ``C_S`` from the parts. Never (L, L).
     """
     sources = _sources(module)
     layout = _structured(module)
@@ -99,10 +98,9 @@ def compressed_constants(module, plan: SlotPlan, dtype: torch.dtype, window: int
         wide = torch.promote_types(dtype, torch.float32)
         if is_tracing():
             return StructuredSlots(parts, layout, plan.slot_order, None, wide).dense()
-        long = layout.max_length > PREPARED_UP_TO  # no dense rebuild kept: C_S would be built per forward
-        if plan.size >= (STRUCTURED_FROM if window is None else STRUCTURED_WINDOWED_FROM) or (long and window):
-            return StructuredSlots.of_plan(parts, layout, plan, wide)
-        if long:
+        if layout.max_length > PREPARED_UP_TO:  # no dense rebuild kept: a dense C_S is built per forward
+            if window is not None or plan.size >= STRUCTURED_FROM * max(plan.batch, 1) ** 0.75:
+                return StructuredSlots.of_plan(parts, layout, plan, wide)
             return StructuredSlots(parts, layout, plan.slot_order, None, wide).dense()
     elif is_tracing() or (torch.is_grad_enabled() and any(t.requires_grad for t in sources)):
         order = plan.slot_order  # in the graph: gradients reach trainable constants, exports need no state

@@ -30,17 +30,22 @@ This file ships inside every PAPA checkpoint: it imports only torch and siblings
 
 from __future__ import annotations
 
+import copy
+
 import torch
 
 from .compact_constants import CompactLayout
 from .slots import is_tracing
 
-# From which S the structured product beats one dense GEMM, measured on 2 CPU cores (benchmarks/bench_long.py):
-# a global layer's from 768 rows (at batch 1 from ~500, at batch 8 from ~1500); a local layer's band product
-# from 512 rows, and at every S once ``C_S`` would have to be built from the parts (L > PREPARED_UP_TO).
-STRUCTURED_FROM = 768
-STRUCTURED_WINDOWED_FROM = 512
+# From which S the structured product beats a dense C_S built from the parts and one GEMM (global layers of a
+# model with L > 512), measured on 2 CPU cores (benchmarks/bench_long.py, crossover): about 300 rows at batch 1,
+# growing with the batch as ~B^0.75 (the FFT's cost grows with the batch, the build's does not). Local layers of
+# such a model always take the structured band product; models up to L = 512 keep a dense rebuild and one GEMM.
+STRUCTURED_FROM = 300
+
+
 BLOCK = 64  # rows per block of a banded product
+WORKSPACE = 2**24  # bytes of temporaries a structured product may hold at once (heads are taken in groups)
 
 
 class DenseSlots:
@@ -164,9 +169,31 @@ class StructuredSlots:
 
     # -- products ------------------------------------------------------------------------------------------------
 
+    def _by_heads(self, method, x: torch.Tensor, *args) -> torch.Tensor:
+        """``method(x, *args)`` on groups of heads whose temporaries fit ``WORKSPACE`` bytes (about a dozen copies of
+        a head's (S, C) values each: FFT spectra, blocks, windows), so memory stays near the input's size."""
+        x = x.to(self.dtype)
+        per_head = 12 * x.shape[1] * x.shape[2] * x.element_size()
+        group = max(1, WORKSPACE // per_head)
+        if group >= x.shape[0]:
+            return method(self, x, *args)
+        out = torch.empty_like(x)
+        for h in range(0, x.shape[0], group):
+            heads = copy.copy(self)
+            for name in ("profile", "band", "u", "v", "special_rows", "special_cols"):
+                setattr(heads, name, getattr(self, name)[h : h + group])
+            out[h : h + group] = method(heads, x[h : h + group], *args)
+        return out
+
     def product(self, x: torch.Tensor) -> torch.Tensor:
         """(Hc, S, C) ``C_S x`` for x (Hc, S, C), without forming ``C_S``."""
-        x = x.to(self.dtype)
+        return self._by_heads(StructuredSlots._product, x)
+
+    def band_product(self, x: torch.Tensor, width: int) -> torch.Tensor:
+        """(Hc, S, C) the product with ``C_S`` kept only where 1 <= i, j and |i - j| <= ``width``."""
+        return self._by_heads(StructuredSlots._band_product, x, width)
+
+    def _product(self, x: torch.Tensor) -> torch.Tensor:
         special = (self.special_index >= 0).nonzero().squeeze(-1)  # (P',) compressed rows of special slots
         body_x = x.index_fill(1, special, 0.0)  # (Hc, S, C) values of body tokens only
         out = self._toeplitz(body_x)
@@ -178,9 +205,8 @@ class StructuredSlots:
         out = out.baddbmm_(self.cells(all_rows, special), x.index_select(1, special))  # (Hc, S, P') (Hc, P', C)
         return out.index_copy_(1, special, self.cells(special, all_rows) @ x)  # (Hc, P', S) their own rows
 
-    def band_product(self, x: torch.Tensor, width: int) -> torch.Tensor:
-        """(Hc, S, C) the product with ``C_S`` kept only where 1 <= i, j and |i - j| <= ``width``."""
-        return self._blocked(x.to(self.dtype), width, self._band_cells_outside_row0)
+    def _band_product(self, x: torch.Tensor, width: int) -> torch.Tensor:
+        return self._blocked(x, width, self._band_cells_outside_row0)
 
     def _band_cells_outside_row0(self, rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
         value = self.cells(rows, cols)  # (Hc, nb, R, C')

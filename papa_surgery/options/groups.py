@@ -189,17 +189,18 @@ class ConvertOptions(Checked):
     dtype: str = opt("Storage dtype of the constants.", "fp32", type=click.Choice(registry.DTYPES))
     storage: str = opt(
         "How constants are stored: dense L x L matrices, or compact (band, special slots, relative-offset profile "
-        "and a rank-16 residual; what the model computes with, exactly). auto: dense up to L=128, compact above. "
+        "and a low-rank residual; what the model computes with, exactly). auto: dense up to L=128, compact above. "
         "Calibration streams straight into the compact form (no L x L sums per head) with compact, and with auto "
         "above L=512.",
         "auto",
         type=click.Choice(tuple(registry.STORAGES)),
     )
     compact_band: int | None = opt(
-        "Compact storage: the diagonals -w..w stored exactly (default 16).", type=click.IntRange(min=0)
+        "Compact storage: the diagonals -w..w stored exactly (default 16; 0 above L=2048).", type=click.IntRange(min=0)
     )
     compact_rank: int | None = opt(
-        "Compact storage: the rank of the residual off the band (default 16).", type=click.IntRange(min=0)
+        "Compact storage: the rank of the residual off the band (default 16; 4 above L=2048).",
+        type=click.IntRange(min=0),
     )
 
     def storage_kwargs(self) -> dict:

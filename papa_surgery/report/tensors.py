@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections import defaultdict
 from pathlib import Path
 
+PLOT_SLOTS = 1024  # a checkpoint's matrices are read up to this many slots for figures
+
 
 def constant_matrices(source, heads=None, max_heads: int = 3) -> list[tuple[str, object]]:
     """``[(title, (L, L) array), ...]`` of chosen constant matrices.
@@ -29,7 +31,8 @@ def constant_matrices(source, heads=None, max_heads: int = 3) -> list[tuple[str,
             by_layer = defaultdict(list)
             for layer, head in config["papa_constant_heads"]:
                 by_layer[int(layer)].append(int(head))
-            for key, tensor in read_constants(path).items():  # compact constants come rebuilt
+            # compact constants come rebuilt, a long L only its first PLOT_SLOTS slots (a figure shows no more)
+            for key, tensor in read_constants(path, PLOT_SLOTS).items():
                 numbers = [int(p) for p in key.split(".") if p.isdigit()]
                 layer = numbers[-1] if numbers else 0
                 tensor = tensor.numpy()  # (Hc, L, L), heads sorted
