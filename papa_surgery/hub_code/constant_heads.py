@@ -88,7 +88,7 @@ def compressed_constants(module, plan: SlotPlan, dtype: torch.dtype, window: int
 
     Dense constants give a :class:`~structured_constants.DenseSlots` (clamped at 0), and so do compact constants up
     to L = ``PREPARED_UP_TO``: sliced from a dense rebuild kept per module. Above that, compact constants of format 2
-    give a :class:`~structured_constants.StructuredSlots` for local layers and from ``STRUCTURED_FROM`` (x B^0.75)
+    give a :class:`~structured_constants.StructuredSlots` for local layers and from ``STRUCTURED_FROM`` (x B^(1/3))
     rows on, else a dense ``C_S`` built from the parts; traced graphs build ``C_S`` from the parts. Never (L, L).
     """
     sources = _sources(module)
@@ -99,7 +99,7 @@ def compressed_constants(module, plan: SlotPlan, dtype: torch.dtype, window: int
         if is_tracing():
             return StructuredSlots(parts, layout, plan.slot_order, None, wide).dense()
         if layout.max_length > PREPARED_UP_TO:  # no dense rebuild kept: a dense C_S is built per forward
-            if window is not None or plan.size >= STRUCTURED_FROM * max(plan.batch, 1) ** 0.75:
+            if window is not None or plan.size >= STRUCTURED_FROM * max(plan.batch, 1) ** (1 / 3):
                 return StructuredSlots.of_plan(parts, layout, plan, wide)
             return StructuredSlots(parts, layout, plan.slot_order, None, wide).dense()
     elif is_tracing() or (torch.is_grad_enabled() and any(t.requires_grad for t in sources)):

@@ -38,12 +38,11 @@ from .compact_constants import CompactLayout
 from .slots import is_tracing
 
 # From which S the structured product beats a dense C_S built from the parts and one GEMM (global layers of a
-# model with L > 512), measured on 2 CPU cores (benchmarks/bench_long.py, crossover): about 300 rows at batch 1,
-# growing with the batch as ~B^0.75 (the FFT's cost grows with the batch, the build's does not). Local layers of
-# such a model always take the structured band product; models up to L = 512 keep a dense rebuild and one GEMM.
-STRUCTURED_FROM = 300
-
-
+# model with L > 512), measured on 2 CPU cores (benchmarks/bench_long.py, crossover): about 500 rows at batch 1 and
+# 1,000 at batch 8, so ~500 B^(1/3) (the FFT's cost grows with the batch, the build's does not). Local layers of
+# such a model always take the structured band product (a tie at 512 rows, ahead above); models up to L = 512 keep
+# a dense rebuild and slice it, which is faster there.
+STRUCTURED_FROM = 500
 BLOCK = 64  # rows per block of a banded product
 WORKSPACE = 2**24  # bytes of temporaries a structured product may hold at once (heads are taken in groups)
 
