@@ -22,11 +22,12 @@ import torch
 from ..hub_code.compact_constants import CompactLayout
 from ..hub_code.modeling_papa import attention_modules
 from ..hub_code.slots import compute_slots
+from ..hub_code.structured_constants import StructuredSlots
 from ..models.families import get_family, num_heads_layers
 from .encoding import encode, model_inputs
 from .layouts import scan_layouts
 from .passes import borrow, pass_metadata, process_batches
-from .structured import StructuredAccumulator
+from .structured import StructuredAccumulator, real_rows
 from .structured_constants import StructuredConstants
 from .structured_result import structured_parts
 
@@ -111,24 +112,15 @@ class _Deviation:
             self.entries += len(idx) ** 2
 
     def add(self, layer: int, matrices: torch.Tensor) -> None:
-        acc, w, length = self.acc, self.acc.layout.band, self.acc.max_length
-        p = {name: t[layer] for name, t in self.parts.items()}
+        parts = {name: t[layer] for name, t in self.parts.items()}
         for e, (idx, s) in enumerate(self.examples):
-            a_e = matrices[e].detach().index_select(-1, idx.to(matrices.device))  # (H, N, n)
-            for a0, a1 in acc._chunks(len(s)):
-                rows = s[a0:a1]
-                d = s[None, :] - rows[:, None]  # (c, n)
-                c = p["papa_constants_profile"][:, d + length - 1]  # (H, c, n) Toeplitz
-                c = c + p["papa_constants_u"][:, rows] @ p["papa_constants_v"][:, s].transpose(-1, -2)
-                band = p["papa_constants_band"][:, rows[:, None], (d + w).clamp(0, 2 * w)]  # (H, c, n)
-                c = torch.where(d.abs() <= w, band, c)
-                i_special, j_special = acc.special_index[rows], acc.special_index[s]  # (c,), (n,)
-                from_rows = p["papa_constants_rows"][:, i_special.clamp_min(0)][:, :, s]  # (H, c, n)
-                c = torch.where((i_special >= 0)[:, None], from_rows, c)
-                from_cols = p["papa_constants_cols"][:, rows][:, :, j_special.clamp_min(0)]  # (H, c, n)
-                c = torch.where((j_special >= 0)[None, :], from_cols, c)  # used as stored (format 2): no clamp
-                a = a_e.index_select(1, idx[a0:a1].to(matrices.device)).to(acc.device, torch.float64)
-                self.squares[layer] += ((a - c) ** 2).sum((1, 2))
+            # The constants at this example's cells, read from the parts as the checkpoint's runtime reads them.
+            constants = StructuredSlots(parts, self.acc.layout, s, None, torch.float64)
+            every = torch.arange(len(s), device=s.device)
+            for a0, a1 in self.acc._chunks(len(s)):
+                a = real_rows(matrices[e], idx, a0, a1)  # (H, c, n)
+                c = constants.cells(every[a0:a1], every)  # (H, c, n)
+                self.squares[layer] += ((a.to(self.acc.device, torch.float64) - c) ** 2).sum((1, 2))
 
     def result(self) -> torch.Tensor:
         """(layers, heads) the mean squared deviation."""

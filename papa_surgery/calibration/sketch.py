@@ -21,20 +21,23 @@ from ..hub_code.compact_constants import CompactLayout
 def _nonfar_sketch(u, v, layout: CompactLayout, omega, psi):
     """(N Omega (H, L, k), Psi N (H, l, L)) for N = (1 - far) * (u v^T), without forming N."""
     length, w = layout.max_length, layout.band
-    hc = u.shape[0]
     special = torch.zeros(length, dtype=torch.bool)
     special[list(layout.special)] = True
     index = torch.tensor(layout.special)
     i = torch.arange(length)
-    y = torch.zeros(hc, length, omega.shape[1], dtype=torch.float64)
-    x = torch.zeros(hc, psi.shape[0], length, dtype=torch.float64)
-    for k in range(-w, w + 1):  # the band's diagonal j = i + k, away from special rows and columns
-        j = i + k
-        keep = (j >= 0) & (j < length) & ~special & ~special[j.clamp(0, length - 1)]  # (L,)
-        ii, jj = i[keep], j[keep]
-        vals = (u[:, ii] * v[:, jj]).sum(-1)  # (H, cells)
-        y[:, ii] += vals[..., None] * omega[jj]
-        x[:, :, jj] += psi[:, ii] * vals[:, None, :]
+    # The band's body cells as diagonals: values[h, i, t] = (u v^T)[i, i + t - w] where both ends are body slots.
+    t = torch.arange(-w, w + 1)
+    j = i[:, None] + t[None, :]  # (L, 2w+1)
+    keep = (j >= 0) & (j < length) & ~special[:, None] & ~special[j.clamp(0, length - 1)]
+    jc = j.clamp(0, length - 1)
+    values = torch.einsum("hir,hitr->hit", u, v[:, jc]) * keep  # (H, L, 2w+1)
+    y = torch.einsum("hit,itc->hic", values, omega[jc])  # (H, L, k): sum_t N[i, i+t] Omega[i+t]
+    # Psi N: column j gets N[j - t', j] Psi[:, j - t'], i.e. row i = j - t' of the diagonal t'.
+    i_of = i[:, None] - t[None, :]  # (L, 2w+1): the row i of column j on diagonal t
+    inside = (i_of >= 0) & (i_of < length)
+    ic = i_of.clamp(0, length - 1)
+    by_column = values[:, ic, torch.arange(2 * w + 1)[None, :]] * inside  # (H, L, 2w+1): N[j - t, j]
+    x = torch.einsum("hjt,cjt->hcj", by_column, psi[:, ic])  # (H, l, L)
     rows = u[:, index] @ v.transpose(-1, -2)  # (H, S, L) special rows, every column
     y[:, index] += rows @ omega
     x += psi[:, index] @ rows

@@ -41,6 +41,15 @@ class SketchSizes:
         return cls(k, min(2 * k + 1, max_length))
 
 
+def real_rows(matrices: torch.Tensor, idx: torch.Tensor, a0: int, a1: int) -> torch.Tensor:
+    """(H, c, n) one example's attention (H, N, N) between its real tokens ``idx`` (n,), query rows a0..a1 of them.
+
+    The real tokens of a padded example are one contiguous run (either padding side), so this is a view, not a copy.
+    """
+    lo, n = int(idx[0]), len(idx)
+    return matrices.detach()[:, lo + a0 : lo + a1, lo : lo + n]
+
+
 def _ones(like: torch.Tensor) -> torch.Tensor:
     return torch.ones(like.shape, dtype=torch.float64, device=like.device)
 
@@ -147,10 +156,9 @@ class StructuredAccumulator:
     def add(self, layer: int, matrices: torch.Tensor) -> None:
         """Add one layer's (B, H, N, N) attention probabilities of the current batch."""
         for e, (idx, s) in enumerate(self._examples):
-            a_e = matrices[e].detach().index_select(-1, idx.to(matrices.device))  # (H, N, n)
             for a0, a1 in self._chunks(len(s)):
                 plan = self._plans.get((e, a0)) or _Plan(self, s, a0, a1)
-                a = a_e.index_select(1, idx[a0:a1].to(matrices.device)).to(self.device, torch.float64)  # (H, c, n)
+                a = real_rows(matrices[e], idx, a0, a1).to(self.device, torch.float64)  # (H, c, n)
                 self._add_chunk(layer, a, s, plan)
 
     def _add_chunk(self, layer: int, a: torch.Tensor, s: torch.Tensor, plan: _Plan) -> None:
