@@ -17,6 +17,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from .. import __version__, registry
+from .coverage import coverage_summary
 from .fingerprint import Compatibility, config_fingerprint, model_fingerprint  # noqa: F401 (their old home)
 
 # The kinds, as the registry declares them (papa_surgery.registry: what each needs and how it is made).
@@ -230,15 +231,6 @@ class Constants(Compatibility):
     def summary(self) -> dict:
         """JSON-ready facts for recipes and cards."""
         out = {"kind": self.kind, "max_length": self.max_length, "pairs": self.pairs, **self.metadata}
-        cov = self.coverage
-        if cov is not None:
-            seen = int((cov > 0).sum())
-            out["coverage"] = {
-                "slots_seen": seen,
-                "slots_total": self.max_length,
-                "min_examples_per_seen_slot": int(cov[cov > 0].min()) if seen else 0,
-                "examples_at_slot_0": int(cov[0]),
-                "slots_with_10_examples": int((cov >= 10).sum()),  # averages of fewer examples are noisy
-                "filled_cells": int((self.counts == 0).sum()),  # no example reached them; convert fills them
-            }
+        if self.coverage is not None:
+            out["coverage"] = coverage_summary(self.coverage, self.max_length, int((self.counts == 0).sum()))
         return out

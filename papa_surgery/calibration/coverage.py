@@ -30,6 +30,19 @@ class CoverageWarning(UserWarning):
     """The calibration corpus reaches fewer slots than ``max_length``: longer inputs use filled constants."""
 
 
+def coverage_summary(coverage: torch.Tensor, max_length: int, filled_cells: int) -> dict:
+    """JSON-ready coverage facts of a constants object (``summary()``): ``coverage`` (L,) examples per slot."""
+    seen = int((coverage > 0).sum())
+    return {
+        "slots_seen": seen,
+        "slots_total": max_length,
+        "min_examples_per_seen_slot": int(coverage[coverage > 0].min()) if seen else 0,
+        "examples_at_slot_0": int(coverage[0]),
+        "slots_with_10_examples": int((coverage >= 10).sum()),  # averages of fewer examples are noisy
+        "filled_cells": int(filled_cells),  # no example reached them; they are filled (fill_uncovered)
+    }
+
+
 def covered_length(counts: torch.Tensor) -> int:
     """How many slots at least one calibration example reached (for single sentences: the longest example).
 

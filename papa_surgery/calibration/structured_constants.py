@@ -17,6 +17,7 @@ import torch
 from safetensors.torch import save_file
 
 from ..hub_code.compact_constants import COMPACT_PARTS, CompactLayout, rebuild, special_slots
+from .coverage import coverage_summary
 from .fingerprint import Compatibility
 
 DENSE_VIEW_UP_TO = 1024  # ``values`` rebuilds dense matrices for methods that need them up to this L
@@ -154,15 +155,6 @@ class StructuredConstants(Compatibility):
         """JSON-ready facts for recipes and cards (as :meth:`Constants.summary`, plus the storage)."""
         out = {"kind": self.kind, "max_length": self.max_length, "pairs": self.pairs, **self.metadata}
         out["storage"] = {"form": "compact", "band": self.layout.band, "rank": self.layout.rank}
-        cov = self.coverage
-        if cov is not None:
-            seen = int((cov > 0).sum())
-            out["coverage"] = {
-                "slots_seen": seen,
-                "slots_total": self.max_length,
-                "min_examples_per_seen_slot": int(cov[cov > 0].min()) if seen else 0,
-                "examples_at_slot_0": int(cov[0]),
-                "slots_with_10_examples": int((cov >= 10).sum()),
-                "filled_cells": self.filled_cells,
-            }
+        if self.coverage is not None:
+            out["coverage"] = coverage_summary(self.coverage, self.max_length, self.filled_cells)
         return out
