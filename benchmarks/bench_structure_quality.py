@@ -6,8 +6,10 @@ L tokens each); the first 80% calibrate, the rest are held out. Rows:
 
 dense          averaged constants, dense (L, L) per head (``storage="dense"``)
 compacted      the same constants stored compactly at conversion (band 16, rank 16: ``compact_parts``)
-structured     calibrated straight into the structure (``storage="compact"``: streamed band, special slots,
-               profile and the residual's sketch; no (L, L) accumulator)
+compacted r0   the same with no residual (band 16, rank 0)
+structured     calibrated straight into the structure (``storage="compact"``: streamed band, special slots and
+               profile; no (L, L) accumulator; rank 0, calibration's default: the residual's single-pass sketch
+               gave some heads rows that sum below zero here, so NaN outputs, and is used only when asked for)
 half A/half B  dense constants of each half of the calibration documents: their difference is the calibration's
                own split-half noise, the yardstick for the rows above
 
@@ -29,6 +31,7 @@ from transformers import AutoModel, AutoTokenizer
 import papa_surgery
 from papa_surgery.calibration import calibrate
 from papa_surgery.calibration.encoding import encode, model_inputs
+from papa_surgery.conversion.surgery import convert
 from papa_surgery.healing.agreement import mean_pooled
 
 WORDS = 380
@@ -73,17 +76,18 @@ def main() -> None:
     print(f"MiniLM L={args.length}, fraction 1; {len(train)} calibration documents, {len(held_out)} held out")
     print(f"{'row':12s} {'token cos':>9s} {'sent cos':>9s} {'calib s':>8s}")
 
-    def row(name: str, corpus, storage: str, convert_storage: str) -> tuple[float, float]:
+    def row(name: str, corpus, storage: str, convert_storage: str, **layout) -> tuple[float, float]:
         start = time.perf_counter()
-        constants = calibrate(source, tok, corpus, max_length=args.length, storage=storage, progress=False)
+        constants = calibrate(source, tok, corpus, max_length=args.length, storage=storage, progress=False, **layout)
         seconds = time.perf_counter() - start
-        model = papa_surgery.convert(source, constants, every, 1.0, storage=convert_storage)
+        model = convert(source, constants, every, tokenizer=tok, storage=convert_storage, **layout)
         tok_cos, sent_cos = agreement(model, source, tok, held_out, args.length)
         print(f"{name:12s} {tok_cos:9.4f} {sent_cos:9.4f} {seconds:8.1f}", flush=True)
         return tok_cos, sent_cos
 
     row("dense", train, "dense", "dense")
     row("compacted", train, "dense", "compact")
+    row("compacted r0", train, "dense", "compact", compact_rank=0)
     row("structured", train, "compact", "compact")
     half_a = row("half A", train[: cut // 2], "dense", "dense")
     half_b = row("half B", train[cut // 2 :], "dense", "dense")
