@@ -18,6 +18,7 @@ from huggingface_hub import ModelCard
 from papa_surgery.conversion.card import BIBTEX, IMAGE_NAME, REPO_PLACEHOLDER, render_card, write_card
 from papa_surgery.conversion.description import format_description
 from papa_surgery.conversion.inspection import describe
+from papa_surgery.hub_code.configuration_papa import PAPA_FORMAT_VERSION
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 COMMAND = "papa-surgery convert papa-tests/tiny-bert --fraction 0.25 --max-length 16 --out tiny-papa"
@@ -141,7 +142,7 @@ def test_describe_and_format(folder):
         "encoder.layer.0.attention.self.papa_constants": [1, 16, 16],
         "encoder.layer.1.attention.self.papa_constants": [1, 16, 16],
     }
-    assert d["format_version"] == 1 and "transformers" in d["library_versions"]
+    assert d["format_version"] == PAPA_FORMAT_VERSION and "transformers" in d["library_versions"]
     text = format_description(d)
     assert "2 of 8" in text and "        0  . C . ." in text and "model.safetensors" in text
 
