@@ -523,3 +523,12 @@ def onnx_session(model, inputs: dict, path: Path, max_length: int):
             dynamic_shapes=({0: b, 1: n}, {0: b, 1: n}),
         )
     return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+
+
+def default_sigint() -> None:
+    """``preexec_fn`` for a child a test interrupts: SIGINT as a shell gives it. A parent that ignores SIGINT (a
+    library in the test run may leave it so) passes SIG_IGN on through exec, and Python then installs no
+    KeyboardInterrupt handler: the child would never see the Ctrl-C the test sends."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_DFL)

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from conftest import default_sigint
 
 from papa_surgery.calibration.constants import Constants
 from papa_surgery.cli import main
@@ -274,7 +275,7 @@ def test_ctrl_c_exits_130_and_leaves_nothing(source, tmp_path):
     command = [sys.executable, "-m", "papa_surgery", "calibrate", source, "--corpus", str(corpus)]
     proc = subprocess.Popen(
         [*command, "--max-length", "16", "--batch-size", "2", "--out", str(out)],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=default_sigint,
     )  # fmt: skip
     seen: list[str] = []
     reader = threading.Thread(target=lambda: seen.extend(iter(lambda: proc.stderr.read(1), "")), daemon=True)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from conftest import CallCounter, cli  # noqa: F401
+from conftest import CallCounter, cli, default_sigint  # noqa: F401
 
 from papa_surgery.cli import main
 from papa_surgery.conversion.checkpoint import save_checkpoint
@@ -97,6 +97,7 @@ def start_slow_convert(source: str, out: Path, ready: Path) -> subprocess.Popen:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        preexec_fn=default_sigint,
     )
 
 
