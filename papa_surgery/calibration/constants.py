@@ -28,6 +28,22 @@ KINDS = registry.CONSTANT_KINDS
 LABELED_KINDS = registry.LABELED_KINDS  # sweeps only: trained with the probe (papa_surgery.probing.labeled)
 
 
+def write_constants_file(path: str | Path, overwrite: bool, tensors: dict, meta: dict) -> Path:
+    """Write a constants safetensors file atomically: an existing file is replaced only when it is a constants file
+    papa-surgery wrote, checked again at the end (it may have changed meanwhile; ``papa_surgery.outputs``)."""
+    from ..outputs.overwrite import check_file
+    from ..outputs.staging import staged_file
+
+    path = check_file(path, overwrite, "constants", argument="path")
+
+    def check(target: Path) -> None:
+        check_file(target, overwrite, "constants", argument="path")
+
+    with staged_file(path, overwrite, check=check) as tmp:
+        save_file(tensors, str(tmp), metadata=meta)
+    return path
+
+
 def _kind_matrix(kind: str, max_length: int) -> torch.Tensor:
     """(L, L) matrix of a data-free kind."""
     idx = torch.arange(max_length)
@@ -148,10 +164,6 @@ class Constants(Compatibility):
         Raises:
             ValueError: ``path`` is a folder or another kind of file, or exists and not ``overwrite``.
         """
-        from ..outputs.overwrite import check_file
-        from ..outputs.staging import staged_file
-
-        path = check_file(path, overwrite, "constants", argument="path")
         tensors = {"values": self.values.float().contiguous()}
         if self.counts is not None:
             tensors["counts"] = self.counts.double().contiguous()
@@ -164,13 +176,7 @@ class Constants(Compatibility):
             "pairs": json.dumps(self.pairs),
             "provenance": json.dumps(self.metadata, sort_keys=True, default=str),
         }
-
-        def check(target: Path) -> None:  # again at the end: the file may have changed meanwhile
-            check_file(target, overwrite, "constants", argument="path")
-
-        with staged_file(path, overwrite, check=check) as tmp:
-            save_file(tensors, str(tmp), metadata=meta)
-        return path
+        return write_constants_file(path, overwrite, tensors, meta)
 
     @classmethod
     def load(cls, path: str | Path) -> Constants:

@@ -77,12 +77,15 @@ def offset_means(values: torch.Tensor, weights: torch.Tensor) -> tuple[torch.Ten
 
 def _profile(values: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
     """(..., 2L-1) count-weighted mean of body cells per offset j - i + L - 1, gaps from the nearest offset."""
-    length = values.shape[-1]
-    profile, totals = offset_means(values, weights)
+    return nearest_measured(*offset_means(values, weights))
+
+
+def nearest_measured(profile: torch.Tensor, totals: torch.Tensor) -> torch.Tensor:
+    """(..., 2L-1) ``profile`` where an offset has weight in ``totals`` (2L-1,), else the nearest weighted offset's."""
     measured = (totals > 0).nonzero().squeeze(-1)  # (M,)
     if measured.numel() == 0:  # no body cell at all (examples of special tokens only): special slots only
         return profile
-    nearest = measured[(torch.arange(2 * length - 1)[:, None] - measured[None, :]).abs().argmin(-1)]  # (2L-1,)
+    nearest = measured[(torch.arange(totals.shape[0])[:, None] - measured[None, :]).abs().argmin(-1)]  # (2L-1,)
     return profile[..., nearest]
 
 

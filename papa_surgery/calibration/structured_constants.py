@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from safetensors.torch import save_file
 
 from ..hub_code.compact_constants import COMPACT_PARTS, CompactLayout, rebuild, special_slots
 from .coverage import coverage_summary
@@ -105,10 +104,6 @@ class StructuredConstants(Compatibility):
 
     def save(self, path: str | Path, overwrite: bool = True) -> Path:
         """Write a safetensors file (atomically), as :meth:`Constants.save` does; ``Constants.load`` reads it."""
-        from ..outputs.overwrite import check_file
-        from ..outputs.staging import staged_file
-
-        path = check_file(path, overwrite, "constants", argument="path")
         tensors = {f"structure.{name}": t.float().contiguous() for name, t in self.parts.items()}
         if self.coverage is not None:
             tensors["coverage"] = self.coverage.double().contiguous()
@@ -126,12 +121,9 @@ class StructuredConstants(Compatibility):
             "provenance": json.dumps(self.metadata, sort_keys=True, default=str),
         }
 
-        def check(target: Path) -> None:
-            check_file(target, overwrite, "constants", argument="path")
+        from .constants import write_constants_file  # constants.py reads these files: imported at use
 
-        with staged_file(path, overwrite, check=check) as tmp:
-            save_file(tensors, str(tmp), metadata=meta)
-        return path
+        return write_constants_file(path, overwrite, tensors, meta)
 
     @classmethod
     def from_file(cls, tensors: dict, meta: dict) -> StructuredConstants:

@@ -18,22 +18,13 @@ from __future__ import annotations
 import torch
 
 from .compaction import COMPLETION_ROUNDS
+from .coverage import nearest_measured
 from .sketch import low_rank
 from .structured import StructuredAccumulator
 
 
 def _mean(sums: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
     return torch.where(counts > 0, sums / counts.clamp_min(1.0), torch.zeros_like(sums))
-
-
-def _nearest(profile: torch.Tensor, totals: torch.Tensor) -> torch.Tensor:
-    """Offsets with no measured cell take the nearest measured offset's value (``coverage._profile``)."""
-    measured = (totals > 0).nonzero().squeeze(-1)
-    if measured.numel() == 0:
-        return profile
-    n = totals.shape[0]
-    nearest = measured[(torch.arange(n)[:, None] - measured[None, :]).abs().argmin(-1)]
-    return profile[..., nearest]
 
 
 class _Fill:
@@ -43,7 +34,7 @@ class _Fill:
         length = acc.max_length
         self.length, self.special, self.index = length, acc.special.cpu(), acc.special_index.cpu()
         body = ~self.special
-        self.profile = _nearest(_mean(acc.body[layer], acc.body_counts), acc.body_counts).cpu()  # (H, 2L-1)
+        self.profile = nearest_measured(_mean(acc.body[layer], acc.body_counts), acc.body_counts).cpu()  # (H, 2L-1)
         to_sum, to_count = acc.cols[layer][:, body].sum(1), acc.cols_counts[body].sum(0)  # (H, S), (S,)
         from_sum, from_count = acc.rows[layer][:, :, body].sum(-1), acc.rows_counts[:, body].sum(-1)
         self.to_special, self.to_seen = _mean(to_sum, to_count).cpu(), (to_count > 0).cpu()
