@@ -93,16 +93,12 @@ def compressed_constants(module, plan: SlotPlan, dtype: torch.dtype, window: int
     """
     sources = _sources(module)
     layout = _structured(module)
-    if layout is not None:
+    if layout is not None and (is_tracing() or layout.max_length > PREPARED_UP_TO):  # no dense rebuild kept
         parts = {name: getattr(module, name) for name in COMPACT_PARTS}
-        wide = torch.promote_types(dtype, torch.float32)
-        if is_tracing():
-            return StructuredSlots(parts, layout, plan.slot_order, None, wide).dense()
-        if layout.max_length > PREPARED_UP_TO:  # no dense rebuild kept: a dense C_S is built per forward
-            if window is not None or plan.size >= STRUCTURED_FROM * max(plan.batch, 1) ** (1 / 3):
-                return StructuredSlots.of_plan(parts, layout, plan, wide)
-            return StructuredSlots(parts, layout, plan.slot_order, None, wide).dense()
-    elif is_tracing() or (torch.is_grad_enabled() and any(t.requires_grad for t in sources)):
+        structured = StructuredSlots.of_plan(parts, layout, plan, torch.promote_types(dtype, torch.float32))
+        by_parts = window is not None or plan.size >= STRUCTURED_FROM * max(plan.batch, 1) ** (1 / 3)
+        return structured if by_parts and not is_tracing() else structured.dense()
+    if layout is None and (is_tracing() or (torch.is_grad_enabled() and any(t.requires_grad for t in sources))):
         order = plan.slot_order  # in the graph: gradients reach trainable constants, exports need no state
         return DenseSlots(_dense(module).index_select(1, order).index_select(2, order).to(dtype).clamp_min(0))
     prepared = prepared_constants(module, dtype)

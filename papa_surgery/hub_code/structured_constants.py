@@ -99,7 +99,10 @@ class StructuredSlots:
 
     @classmethod
     def of_plan(cls, parts: dict, layout: CompactLayout, plan, dtype: torch.dtype) -> StructuredSlots:
-        """The compressed constants of a :class:`~slot_plan.SlotPlan` (eager: its extents are ints)."""
+        """The compressed constants of a :class:`~slot_plan.SlotPlan`. While tracing, its extents are symbolic and
+        no segments are made: only :meth:`dense` and :meth:`cells` serve a traced graph."""
+        if is_tracing():
+            return cls(parts, layout, plan.slot_order, None, dtype)
         half = plan.max_length // 2
         first, second = int(plan.first), int(plan.second)
         if second == 0 or first == half:  # rows 1..S-1 hold slots 0..S-2
