@@ -211,9 +211,9 @@ def offset_profile(folder: Path) -> list[tuple[int, float]]:
     if not heads:
         return []
     mean = total / heads  # (2L-1,)
-    distances = sorted({layout.band + 1, *(2**k for k in range(1, length.bit_length()) if layout.band < 2**k < length)})
-    distances = [d for d in distances if d < length] + ([length - 1] if length - 1 > layout.band else [])
-    return [(d, float((mean[length - 1 + d] + mean[length - 1 - d]) / 2)) for d in dict.fromkeys(distances)]
+    powers = {2**k for k in range(1, length.bit_length())}
+    distances = sorted(d for d in {layout.band + 1, length - 1, *powers} if layout.band < d < length)
+    return [(d, float((mean[length - 1 + d] + mean[length - 1 - d]) / 2)) for d in distances]
 
 
 def hub_datasets(corpus: dict) -> list[str]:
