@@ -14,10 +14,10 @@ from pathlib import Path
 
 import torch
 from safetensors import safe_open
-from safetensors.torch import save_file
 
 from .. import __version__, registry
 from .coverage import coverage_summary
+from .files import write_constants_file
 from .fingerprint import Compatibility, config_fingerprint, model_fingerprint  # noqa: F401 (their old home)
 
 # The kinds, as the registry declares them (papa_surgery.registry: what each needs and how it is made).
@@ -26,22 +26,6 @@ ANALYSIS_KINDS = registry.ANALYSIS_KINDS  # papa_surgery.analysis.analysis_const
 TRAINED_KINDS = registry.TRAINED_KINDS  # papa_surgery.healing.distill, starting from the average
 KINDS = registry.CONSTANT_KINDS
 LABELED_KINDS = registry.LABELED_KINDS  # sweeps only: trained with the probe (papa_surgery.probing.labeled)
-
-
-def write_constants_file(path: str | Path, overwrite: bool, tensors: dict, meta: dict) -> Path:
-    """Write a constants safetensors file atomically: an existing file is replaced only when it is a constants file
-    papa-surgery wrote, checked again at the end (it may have changed meanwhile; ``papa_surgery.outputs``)."""
-    from ..outputs.overwrite import check_file
-    from ..outputs.staging import staged_file
-
-    path = check_file(path, overwrite, "constants", argument="path")
-
-    def check(target: Path) -> None:
-        check_file(target, overwrite, "constants", argument="path")
-
-    with staged_file(path, overwrite, check=check) as tmp:
-        save_file(tensors, str(tmp), metadata=meta)
-    return path
 
 
 def _kind_matrix(kind: str, max_length: int) -> torch.Tensor:

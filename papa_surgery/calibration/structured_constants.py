@@ -17,6 +17,7 @@ import torch
 
 from ..hub_code.compact_constants import COMPACT_PARTS, CompactLayout, rebuild, special_slots
 from .coverage import coverage_summary
+from .files import write_constants_file
 from .fingerprint import Compatibility
 
 DENSE_VIEW_UP_TO = 1024  # ``values`` rebuilds dense matrices for methods that need them up to this L
@@ -120,8 +121,6 @@ class StructuredConstants(Compatibility):
             "pairs": json.dumps(self.pairs),
             "provenance": json.dumps(self.metadata, sort_keys=True, default=str),
         }
-
-        from .constants import write_constants_file  # constants.py reads these files: imported at use
 
         return write_constants_file(path, overwrite, tensors, meta)
 

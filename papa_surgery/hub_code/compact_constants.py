@@ -92,15 +92,19 @@ def special_slots(max_length: int, pairs: bool) -> tuple[int, ...]:
 
 
 def rebuild(parts: dict[str, torch.Tensor], layout: CompactLayout) -> torch.Tensor:
-    """(Hc, L, L) float32 constant matrices from their compact parts (clamped at 0 for ``layout.clamped``).
-
-    Every slot's row and column read through :class:`~structured_constants.StructuredSlots`, the one definition of
-    what the parts stand for, which the runtime also applies without forming the matrices.
-    """
-    from .structured_constants import StructuredSlots  # it builds on this file's layout: imported at use
-
-    order = torch.arange(layout.max_length, device=parts["papa_constants_profile"].device)
-    dense = StructuredSlots(parts, layout, order, None, torch.float32).dense().matrix
+    """(Hc, L, L) float32 constant matrices from their compact parts (clamped at 0 for ``layout.clamped``)."""
+    length, w = layout.max_length, layout.band
+    profile = parts["papa_constants_profile"].float()  # (Hc, 2L-1)
+    d = layout.offsets(profile.device)  # (L, L)
+    dense = profile[:, d + length - 1]  # (Hc, L, L) Toeplitz
+    if layout.rank:
+        dense = dense + parts["papa_constants_u"].float() @ parts["papa_constants_v"].float().transpose(-1, -2)
+    band = parts["papa_constants_band"].float()  # (Hc, L, 2w+1), band[i, k] = C[i, i + k - w]
+    k = (d + w).clamp(0, 2 * w).expand(band.shape[0], -1, -1)  # (Hc, L, L)
+    dense = torch.where(d.abs() <= w, band.gather(-1, k), dense)
+    special = torch.tensor(layout.special, device=dense.device)
+    dense = dense.index_copy(1, special, parts["papa_constants_rows"].float())  # (Hc, S, L) rows
+    dense = dense.index_copy(2, special, parts["papa_constants_cols"].float())  # (Hc, L, S) columns
     return dense.clamp_min(0) if layout.clamped else dense
 
 
