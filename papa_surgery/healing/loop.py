@@ -1,9 +1,14 @@
 """The healing training loop: a fixed step budget over the training examples, the teacher's outputs as targets.
 
-Deterministic for a seed: step ``s`` reads a fixed global batch (examples ``s * G ... (s + 1) * G - 1`` of a seeded
-permutation per epoch, ``G`` = batch size x processes), both models run in eval mode (no dropout), and nothing
-else draws random numbers. So a run that stopped after step ``s`` and resumes from its saved state (:mod:`.state`)
-takes exactly the steps an uninterrupted run takes.
+Batches are grouped by length, as ``transformers.Trainer``'s ``group_by_length`` does: each run of ``GROUPED``
+global batches of a seeded permutation per epoch is sorted by token count and cut into batches, which are taken in a
+seeded order. A batch is padded to its longest example, so similar lengths cut the padded tokens both models compute
+on (on the bundled WikiText-2 excerpt at L=128: about 80 per example in random batches, 35 grouped).
+
+Deterministic for a seed: step ``s`` reads a fixed global batch (``G`` = batch size x processes examples, fixed by
+the seed, the epoch and the examples' lengths), both models run in eval mode (no dropout), and nothing else draws
+random numbers. So a run that stopped after step ``s`` and resumes from its saved state (:mod:`.state`) takes
+exactly the steps an uninterrupted run takes.
 
 AdamW (no weight decay) with two parameter groups (the constants' ``theta = log C`` and the other trained weights,
 each with its own peak learning rate), a linear warm-up then cosine decay to zero, and the gradient's global norm
@@ -54,30 +59,58 @@ def lr_factor(step: int, settings: LoopSettings) -> float:
     return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
 
 
-def batch_indices(step: int, count: int, batch_size: int, seed: int) -> list[int]:
+GROUPED = 50  # global batches sorted by length together (transformers' LengthGroupedSampler takes 50 too)
+
+
+def example_lengths(tokenizer, examples: list, max_length: int, pairs: bool) -> list[int]:
+    """Each example's token count, truncated at ``max_length`` (what grouping by length sorts on)."""
+    if pairs:
+        firsts, seconds = [a for a, _ in examples], [b for _, b in examples]
+        ids = tokenizer(firsts, seconds, truncation=True, max_length=max_length)["input_ids"]
+    else:
+        ids = tokenizer(list(examples), truncation=True, max_length=max_length)["input_ids"]
+    return [len(i) for i in ids]
+
+
+def batch_indices(step: int, lengths: list[int], batch_size: int, seed: int) -> list[int]:
     """This process's example indices at ``step``: its slice of the step's global batch (module docstring)."""
     from ..distributed import rank, world_size
 
     world, me = world_size(), rank()
     size = batch_size * world
-    out = []
+    out, orders = [], {}
     for position in range(step * size + me * batch_size, step * size + (me + 1) * batch_size):
-        epoch, offset = divmod(position, count)
-        out.append(int(_permutation(count, seed, epoch)[offset]))
+        epoch, offset = divmod(position, len(lengths))
+        if epoch not in orders:  # a global batch spans at most two epochs
+            orders[epoch] = _grouped_order(tuple(lengths), size, size * GROUPED, seed, epoch)
+        out.append(int(orders[epoch][offset]))
     return out
 
 
-_PERMUTATIONS: dict[tuple[int, int, int], torch.Tensor] = {}
+_ORDERS: dict[tuple, torch.Tensor] = {}
 
 
-def _permutation(count: int, seed: int, epoch: int) -> torch.Tensor:
-    key = (count, seed, epoch)
-    if key not in _PERMUTATIONS:
-        if len(_PERMUTATIONS) > 4:
-            _PERMUTATIONS.clear()
+def _grouped_order(lengths: tuple[int, ...], size: int, group: int, seed: int, epoch: int) -> torch.Tensor:
+    """Epoch ``epoch``'s example order: a seeded permutation whose runs of ``group`` examples are sorted by length
+    (longest first; ties in permutation order), cut into batches of ``size`` and those batches shuffled (seeded).
+    A run's last, partial batch stays last so every other batch is full."""
+    key = (hash(lengths), len(lengths), size, group, seed, epoch)
+    if key not in _ORDERS:
+        if len(_ORDERS) > 4:
+            _ORDERS.clear()
         generator = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
-        _PERMUTATIONS[key] = torch.randperm(count, generator=generator)
-    return _PERMUTATIONS[key]
+        permutation = torch.randperm(len(lengths), generator=generator)
+        count = torch.tensor(lengths)
+        parts = []
+        for start in range(0, len(lengths), group):
+            run = permutation[start : start + group]
+            run = run[torch.sort(-count[run], stable=True).indices]
+            batches = list(run.split(size))
+            full = len(batches) - (len(batches[-1]) < size)
+            order = torch.randperm(full, generator=generator).tolist() + list(range(full, len(batches)))
+            parts += [batches[i] for i in order]
+        _ORDERS[key] = torch.cat(parts)
+    return _ORDERS[key]
 
 
 def optimizer_for(trainable, settings: LoopSettings) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
@@ -157,8 +190,9 @@ def train(
         elif is_main_process():
             logger.info(line)
 
+    lengths = example_lengths(tokenizer, examples, max_length, pairs)
     for step in bar:
-        batch = [examples[i] for i in batch_indices(step, len(examples), settings.batch_size, settings.seed)]
+        batch = [examples[i] for i in batch_indices(step, lengths, settings.batch_size, settings.seed)]
         enc = encode(tokenizer, batch, max_length, pairs=pairs)
         device = next(trainable.student.parameters()).device
         inputs = model_inputs(teacher, enc.to(device))
