@@ -10,7 +10,7 @@ speed    batch 1, one document of n tokens (every position real; the source's sd
 memory   peak activation memory of one forward at each n (bytes the CPU allocator holds above what it held
          before the call, from the profiler), source vs fractions 1 and 0.5.
 size     checkpoint size at L = 8,192, fraction 1 (the default compact layout there: the diagonal, special slots,
-         profile and a rank-4 residual), fp32 and fp16 constants, vs the source's weights.
+         profile, no residual), fp32 and fp16 constants, vs the source's weights.
 crossover  ``C_S X`` of 12 heads (d = 64) by the dense GEMM vs the structured product, batch 1 and 8, global
          and local (window 64) layers, and the cost of building a dense C_S from the parts: the numbers behind
          ``STRUCTURED_FROM``.
@@ -67,7 +67,7 @@ def harmonic_parts(layout: CompactLayout, heads: int, generator: torch.Generator
 
 def long_converted(source, fraction: float, length: int = LENGTH, seed: int = 0, dtype: str = "float32"):
     """``source`` with ``fraction`` of its heads constant (seeded random choice), compact constants at L in the
-    default layout for that L (``layout_for``: at 8,192 the diagonal, special slots, profile and rank 4)."""
+    default layout for that L (``layout_for``: at 8,192 the diagonal, special slots and profile, no residual)."""
     layout = layout_for("auto", length, pairs=False)
     config = source.config
     layers, heads = config.num_hidden_layers, config.num_attention_heads

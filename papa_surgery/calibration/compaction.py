@@ -7,8 +7,8 @@ low-rank matrix completion, so the rank is spent on the cells it has to represen
 computes with ``rebuild(compact_parts(C))``: conversion, probes and the checkpoint all use those matrices.
 
 ``layout_for`` picks the layout ``convert`` uses when storage is ``auto``: dense up to L=128 (already smaller than
-the source's query/key weights it replaces), compact above (band 16, rank 16; above L=2,048 the diagonal and rank 4,
-so that the constants stay about the size of the query/key weights they replace).
+the source's query/key weights it replaces), compact above (band 16, rank 16; above L=2,048 the diagonal and
+no residual, so that the constants stay smaller than the query/key weights they replace).
 """
 
 from __future__ import annotations
@@ -21,12 +21,15 @@ from .coverage import offset_means
 STORAGES = ("auto", "dense", "compact")
 DEFAULT_BAND = 16
 DEFAULT_RANK = 16
-# Above LONG_FROM the default layout shrinks to the diagonal, the special slots, the profile and a rank-4 residual
-# (about 1 + 2 x 4 + 2 or 3 values per slot and head): band 16 and rank 16 would cost ~70 values per slot, which at
-# L = 8,192 makes a fraction-1 ModernBERT-base checkpoint 1.9x its source instead of smaller (bench_long.py, size).
+# Above LONG_FROM the default layout shrinks to the diagonal, the special slots and the profile (about 1 + 2 + 2 or 3
+# values per slot and head): band 16 and rank 16 would cost ~70 values per slot, which at L = 8,192 makes a
+# fraction-1 ModernBERT-base checkpoint 1.9x its source instead of smaller, and even a rank-4 residual left it 1.04x
+# (bench_long.py, size). The residual is worth little there: at L = 512 on all-MiniLM-L6-v2 rank 0 is 0.0015 below
+# rank 16 in sentence cosine to the source (bench_structure_quality.py), and calibration into the structure, the
+# only way to calibrate at such lengths, streams no residual unless asked (average.SKETCHED_RANK).
 LONG_FROM = 2048
 LONG_BAND = 0
-LONG_RANK = 4
+LONG_RANK = 0
 DENSE_UP_TO = 128  # ``auto`` keeps dense matrices up to this L
 COMPLETION_ROUNDS = 4
 
