@@ -110,26 +110,27 @@ def test_batches_are_grouped_by_length_cover_each_epoch_once_and_split_across_pr
     import random
 
     from papa_surgery import distributed
-    from papa_surgery.healing.loop import GROUPED, batch_indices
+    from papa_surgery.healing.loop import GROUPED, GroupedBatches
 
     rng = random.Random(3)
     lengths = [rng.randint(3, 128) for _ in range(2 * 32 * GROUPED + 70)]  # two full groups and a partial one
     steps = len(lengths) // 32
-    order = [i for step in range(2 * steps + 2) for i in batch_indices(step, lengths, 32, seed=0)]
+    grouped = GroupedBatches(lengths, 32, seed=0)
+    order = [i for step in range(2 * steps + 2) for i in grouped.indices(step)]
     assert sorted(order[: len(lengths)]) == list(range(len(lengths)))  # the first epoch: every example once
     assert sorted(order[len(lengths) : 2 * len(lengths)]) == list(range(len(lengths)))  # and the second
     assert order[: len(lengths)] != order[len(lengths) : 2 * len(lengths)]  # in another order
-    batches = [[lengths[i] for i in batch_indices(step, lengths, 32, seed=0)] for step in range(steps)]
+    batches = [[lengths[i] for i in grouped.indices(step)] for step in range(steps)]
     padded = sum(max(b) for b in batches) / len(batches)
     assert padded < 1.15 * sum(lengths) / len(lengths)  # random batches of 32 pad to about 124 here
-    assert batch_indices(0, lengths, 32, seed=0) == batch_indices(0, lengths, 32, seed=0)
-    assert batch_indices(0, lengths, 32, seed=0) != batch_indices(0, lengths, 32, seed=1)
+    assert grouped.indices(0) == GroupedBatches(lengths, 32, seed=0).indices(0)
+    assert grouped.indices(0) != GroupedBatches(lengths, 32, seed=1).indices(0)
     # two processes with 16 each take the slices of one process's batch of 32
-    one = [batch_indices(step, lengths, 32, seed=0) for step in range(5)]
+    one = [grouped.indices(step) for step in range(5)]
     monkeypatch.setattr(distributed, "world_size", lambda: 2)
     for me in (0, 1):
         monkeypatch.setattr(distributed, "rank", lambda me=me: me)
-        assert [batch_indices(step, lengths, 16, seed=0) for step in range(5)] == [
+        assert [GroupedBatches(lengths, 16, seed=0).indices(step) for step in range(5)] == [
             b[16 * me : 16 * (me + 1)] for b in one
         ]
 

@@ -72,45 +72,45 @@ def example_lengths(tokenizer, examples: list, max_length: int, pairs: bool) -> 
     return [len(i) for i in ids]
 
 
-def batch_indices(step: int, lengths: list[int], batch_size: int, seed: int) -> list[int]:
-    """This process's example indices at ``step``: its slice of the step's global batch (module docstring)."""
-    from ..distributed import rank, world_size
+class GroupedBatches:
+    """Which examples each step reads (module docstring), made once per run from the examples' token counts; each
+    epoch's order is computed when a step first reaches it."""
 
-    world, me = world_size(), rank()
-    size = batch_size * world
-    out, orders = [], {}
-    for position in range(step * size + me * batch_size, step * size + (me + 1) * batch_size):
-        epoch, offset = divmod(position, len(lengths))
-        if epoch not in orders:  # a global batch spans at most two epochs
-            orders[epoch] = _grouped_order(tuple(lengths), size, size * GROUPED, seed, epoch)
-        out.append(int(orders[epoch][offset]))
-    return out
+    def __init__(self, lengths: list[int], batch_size: int, seed: int):
+        self.lengths, self.batch_size, self.seed = torch.tensor(lengths), batch_size, seed
+        self._orders: dict[tuple[int, int], torch.Tensor] = {}
 
+    def indices(self, step: int) -> list[int]:
+        """This process's example indices at ``step``: its slice of the step's global batch."""
+        from ..distributed import rank, world_size
 
-_ORDERS: dict[tuple, torch.Tensor] = {}
+        world, me = world_size(), rank()
+        size = self.batch_size * world
+        out = []
+        for position in range(step * size + me * self.batch_size, step * size + (me + 1) * self.batch_size):
+            epoch, offset = divmod(position, len(self.lengths))
+            out.append(int(self._order(size, epoch)[offset]))
+        return out
 
-
-def _grouped_order(lengths: tuple[int, ...], size: int, group: int, seed: int, epoch: int) -> torch.Tensor:
-    """Epoch ``epoch``'s example order: a seeded permutation whose runs of ``group`` examples are sorted by length
-    (longest first; ties in permutation order), cut into batches of ``size`` and those batches shuffled (seeded).
-    A run's last, partial batch stays last so every other batch is full."""
-    key = (hash(lengths), len(lengths), size, group, seed, epoch)
-    if key not in _ORDERS:
-        if len(_ORDERS) > 4:
-            _ORDERS.clear()
-        generator = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
-        permutation = torch.randperm(len(lengths), generator=generator)
-        count = torch.tensor(lengths)
-        parts = []
-        for start in range(0, len(lengths), group):
-            run = permutation[start : start + group]
-            run = run[torch.sort(-count[run], stable=True).indices]
-            batches = list(run.split(size))
-            full = len(batches) - (len(batches[-1]) < size)
-            order = torch.randperm(full, generator=generator).tolist() + list(range(full, len(batches)))
-            parts += [batches[i] for i in order]
-        _ORDERS[key] = torch.cat(parts)
-    return _ORDERS[key]
+    def _order(self, size: int, epoch: int) -> torch.Tensor:
+        """Epoch ``epoch``'s example order: a seeded permutation whose runs of ``GROUPED`` global batches are sorted
+        by length (longest first; ties in permutation order), cut into batches of ``size`` and those batches shuffled
+        (seeded). A run's last, partial batch stays last so every other batch is full."""
+        key = (size, epoch)
+        if key not in self._orders:
+            if len(self._orders) > 2:  # steps move forward, and a global batch spans at most two epochs
+                self._orders.clear()
+            generator = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
+            permutation = torch.randperm(len(self.lengths), generator=generator)
+            parts = []
+            for run in permutation.split(size * GROUPED):
+                run = run[torch.sort(-self.lengths[run], stable=True).indices]
+                batches = list(run.split(size))
+                full = len(batches) - (len(batches[-1]) < size)
+                order = torch.randperm(full, generator=generator).tolist() + list(range(full, len(batches)))
+                parts += [batches[i] for i in order]
+            self._orders[key] = torch.cat(parts)
+        return self._orders[key]
 
 
 def optimizer_for(trainable, settings: LoopSettings) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
@@ -190,9 +190,9 @@ def train(
         elif is_main_process():
             logger.info(line)
 
-    lengths = example_lengths(tokenizer, examples, max_length, pairs)
+    order = GroupedBatches(example_lengths(tokenizer, examples, max_length, pairs), settings.batch_size, settings.seed)
     for step in bar:
-        batch = [examples[i] for i in batch_indices(step, lengths, settings.batch_size, settings.seed)]
+        batch = [examples[i] for i in order.indices(step)]
         enc = encode(tokenizer, batch, max_length, pairs=pairs)
         device = next(trainable.student.parameters()).device
         inputs = model_inputs(teacher, enc.to(device))
