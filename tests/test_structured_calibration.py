@@ -41,8 +41,8 @@ def _both(tiny, pairs, band, rank, sketch, model_type="bert"):
 
 @pytest.mark.parametrize("pairs", [False, True])
 def test_full_sketch_equals_dense_calibration_then_compact_parts(tiny, pairs):
-    """With sketches as wide as L the single-pass reconstruction is exact: every part matches ``compact_parts``."""
-    dense, structured, layout = _both(tiny, pairs, band=3, rank=2, sketch=SketchSizes(L, L))
+    """With a range sketch as wide as L the two-pass reconstruction is exact: every part matches ``compact_parts``."""
+    dense, structured, layout = _both(tiny, pairs, band=3, rank=2, sketch=SketchSizes(L))
     assert dense.counts.min() == 0  # some cells were filled: the fill rules are exercised
     for layer in range(dense.num_layers):
         want = compact_parts(dense.values[layer], layout, torch.float64)
@@ -59,11 +59,11 @@ def test_full_sketch_equals_dense_calibration_then_compact_parts(tiny, pairs):
 
 
 def test_default_sketch_is_close_to_the_best_rank(tiny):
-    """With the default sketch (k = 2r+1, l = 2k+1) the rebuilt matrices' error stays within 2x of
-    ``compact_parts``' own (truncated SVD and completion rounds on the exact residual). Tropp et al. 2017 (Thm 4.3)
-    bound the expected squared error of the sketch's reconstruction by (1 + r/(k-r-1)) (1 + k/(l-k-1)) = 4 times the
-    best rank-r tail at these sizes: 2x in norm. A tiny random model's flat spectrum is near that worst case
-    (measured 1.5-1.7x); real attention decays faster."""
+    """With the default range sketch (k = 2r+1 columns) the rebuilt matrices' error stays within 1.5x of
+    ``compact_parts``' own (truncated SVD and completion rounds on the exact residual). Halko et al. 2011 (Thm 10.5)
+    bound the range finder's expected error by (1 + r/(k-r-1))^1/2 = 1.41 times the best rank-r tail at this k; a
+    tiny random model's flat spectrum is near that worst case (measured 1.04-1.38x at ranks 1, 3 and 6, where the
+    single-pass sketch this replaced measured 1.5-1.7x); real attention decays faster."""
     rank = 3
     dense, structured, layout = _both(tiny, False, band=2, rank=rank, sketch=None)
     for layer in range(dense.num_layers):
@@ -72,13 +72,13 @@ def test_default_sketch_is_close_to_the_best_rank(tiny):
         got = rebuild(structured.layer_parts(layer, range(dense.num_heads)), layout).double()
         err_best = (best - exact).flatten(1).norm(dim=-1)  # (H,)
         err_got = (got - exact).flatten(1).norm(dim=-1)
-        assert (err_got <= 2.0 * err_best + 1e-6).all(), (err_got, err_best)
+        assert (err_got <= 1.5 * err_best + 1e-6).all(), (err_got, err_best)
 
 
 def test_variance_equals_dense_when_the_structure_is_exact(tiny):
     """The variance pass measures the deviation from the stored constants: with a full-rank residual those are the
     per-cell means, and it equals the dense path's variance."""
-    dense, structured, _ = _both(tiny, False, band=2, rank=L, sketch=SketchSizes(L, L))
+    dense, structured, _ = _both(tiny, False, band=2, rank=L, sketch=SketchSizes(L))
     assert torch.allclose(structured.variance.double(), dense.variance.double(), rtol=1e-4, atol=1e-9)
 
 

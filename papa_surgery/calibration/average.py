@@ -127,21 +127,17 @@ def calibrate(
     return constants.fill() if fill else constants
 
 
-SKETCHED_RANK = 0  # the residual rank calibration streams into when none is given (see structured_layout)
-
-
 def structured_layout(storage: str, max_length: int, pairs: bool, band=None, rank=None):
-    """The compact layout calibration streams into for ``storage``, or ``None`` for dense sums (see ``calibrate``)."""
+    """The compact layout calibration streams into for ``storage``, or ``None`` for dense sums (see ``calibrate``).
+
+    The layout is the one ``convert`` stores (``compaction.layout_for``), residual included: its rank-r factors come
+    from a second pass over the corpus (``sketch.py``)."""
     from .. import registry
     from .compaction import layout_for
 
     if storage == "auto" and max_length <= registry.DENSE_CALIBRATION_UP_TO:
         return None
-    # Without an explicit rank the residual is left out (rank 0: band, special slots and profile, all non-negative).
-    # Its single-pass sketch was unstable on real attention: on all-MiniLM-L6-v2 at L=512 (20 documents) some heads'
-    # rows summed below zero, so the model gave NaN (benchmarks/bench_structure_quality.py). An explicit
-    # ``compact_rank`` still sketches it.
-    return layout_for(storage, max_length, pairs, band, SKETCHED_RANK if rank is None else rank)
+    return layout_for(storage, max_length, pairs, band, rank)
 
 
 def structure_of(kind: str, storage: str, max_length: int, pairs: bool, band, rank) -> tuple[int, int] | None:

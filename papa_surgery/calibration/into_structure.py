@@ -1,11 +1,13 @@
 """Calibration straight into the compact structure (``calibrate`` picks it when the layout is compact).
 
-Three passes over the corpus, none holding an (L, L) tensor per head:
+Passes over the corpus, none holding an (L, L) tensor per head:
 
 1. the tokenizer only: the corpus's slot layouts, hence every cell's count (``layouts.py``);
 2. the model: each layer's attention streamed into band / special rows and columns / per-offset sums and the
-   residual's sketch (``structured.py``), finished into compact parts (``structured_result.py``);
-3. the model again, for the per-head variance: the exact mean squared deviation of A from the constants the
+   residual's range sketch (``structured.py``), finished into compact parts (``structured_result.py``);
+3. with a residual (rank > 0) only, the model again: the residual's projection onto the sketched range, from which
+   its rank-r factors follow (``sketch.py``);
+4. the model again, for the per-head variance: the exact mean squared deviation of A from the constants the
    checkpoint computes with (the compact parts, used as stored), over every real entry. The dense path's
    variance is the deviation from the per-cell means; the two differ by the count-weighted compaction error
    (equal when the structure represents the means exactly, which the tests check). Per-cell means of far cells
@@ -27,9 +29,9 @@ from ..models.families import get_family, num_heads_layers
 from .encoding import encode, model_inputs
 from .layouts import scan_layouts
 from .passes import borrow, pass_metadata, process_batches
-from .structured import StructuredAccumulator, real_rows
+from .structured import ResidualProjection, StructuredAccumulator, batch_examples, real_rows
 from .structured_constants import StructuredConstants
-from .structured_result import structured_parts
+from .structured_result import residual_factors, residual_ranges, structured_parts
 
 
 def _run(model, tokenizer, corpus, layout, pairs, batch_size, device, progress, desc, start, add):
@@ -61,7 +63,7 @@ def calibrate_structured(model, tokenizer, corpus, layout: CompactLayout, pairs:
     """:func:`papa_surgery.calibration.calibrate` into ``layout`` (module docstring); ``corpus`` is a ``Corpus``.
 
     ``sketch``: :class:`~papa_surgery.calibration.structured.SketchSizes` (default ``for_rank``); ``seed`` seeds
-    its test matrices.
+    its test matrix.
     """
     num_heads, num_layers = num_heads_layers(model.config)
     layouts = scan_layouts(corpus, tokenizer, layout.max_length, pairs, batch_size, progress)
@@ -73,7 +75,15 @@ def calibrate_structured(model, tokenizer, corpus, layout: CompactLayout, pairs:
         world = _run(model, tokenizer, corpus, layout, pairs, batch_size, device, progress, "calibrate",
                      acc.start_batch, acc.add)  # fmt: skip
         acc.reduce()
-        parts = {name: t.float() for name, t in structured_parts(acc, fill).items()}
+        parts = structured_parts(acc, fill)
+        if layout.rank:
+            q = residual_ranges(acc, parts, fill)
+            projection = ResidualProjection(acc, q)
+            _run(model, tokenizer, corpus, layout, pairs, batch_size, device, progress, "residual",
+                 projection.start_batch, projection.add)  # fmt: skip
+            u, v = residual_factors(acc, parts, q, projection.reduce(), fill)
+            parts |= {"papa_constants_u": u, "papa_constants_v": v}
+        parts = {name: t.float() for name, t in parts.items()}
         deviation = None
         if variance:
             deviation = _Deviation(acc, parts)
@@ -82,7 +92,7 @@ def calibrate_structured(model, tokenizer, corpus, layout: CompactLayout, pairs:
     finally:
         restore()
     metadata = pass_metadata(model, corpus, acc.examples, batch_size, world, source_name)
-    metadata["calibrated_into"] = {"band": layout.band, "rank": layout.rank, "sketch": [acc.sizes.k, acc.sizes.l]}
+    metadata["calibrated_into"] = {"band": layout.band, "rank": layout.rank, "range_sketch": acc.sizes.k}
     if fill:
         from .coverage import FILL_METHOD
 
@@ -105,11 +115,8 @@ class _Deviation:
         self.entries = torch.zeros((), dtype=torch.float64, device=acc.device)
 
     def start_batch(self, slots: torch.Tensor) -> None:
-        self.examples = []
-        for row in slots.to(self.acc.device):
-            idx = (row >= 0).nonzero().squeeze(-1)
-            self.examples.append((idx, row[idx]))
-            self.entries += len(idx) ** 2
+        self.examples = batch_examples(slots, self.acc.device)
+        self.entries += sum(len(idx) ** 2 for idx, _ in self.examples)
 
     def add(self, layer: int, matrices: torch.Tensor) -> None:
         parts = {name: t[layer] for name, t in self.parts.items()}

@@ -6,13 +6,13 @@ For every (layer, head) the accumulator keeps fp64 sums in the compact layout (`
 - ``body`` (2L-1): raw sums of A over body cells (no special slot) per offset j - i: the coverage fill's profile;
 - ``far`` (2L-1): sums of A / counts over "far" cells (off the band, no special slot) per offset: the sum of the
   per-cell means, so the stored profile (the plain mean of far cells per offset) needs no per-cell state;
-- ``y`` (L, k) = M Omega and ``w`` (l, L) = Psi M: a single-pass sketch (Tropp et al. 2017) of the far-cell
-  means M = far * (sum A / counts), from which ``sketch.low_rank`` recovers the residual's rank-r factors.
+- ``y`` (L, k) = M Omega: the range sketch of the far-cell means M = far * (sum A / counts), the first of the
+  residual's two passes (``sketch.py``); :class:`ResidualProjection` streams the second, B = Q^T M.
 
 The per-cell counts come from the corpus's layouts before any forward (``layouts.py``), which is what lets an
 example add ``A / counts`` directly. Counts shared by all heads (band, rows, columns, per-offset totals, coverage)
-are accumulated once per example. Memory per head is O(L * (2w+1 + 2S + k + l)); work per example is O(n^2 (k + l))
-per head, in row chunks of ``chunk`` tokens so no (n, n) fp64 tensor exists either.
+are accumulated once per example. Memory per head is O(L * (2w+1 + 2S + k)); work per example is O(n^2 k) per head,
+in row chunks of ``chunk`` tokens so no (n, n) fp64 tensor exists either.
 """
 
 from __future__ import annotations
@@ -29,16 +29,14 @@ PLAN_CELLS = 2**24  # a batch's chunk plans (about 30 bytes a cell) are kept for
 
 @dataclass(frozen=True)
 class SketchSizes:
-    """Columns k of the range sketch Y = M Omega and rows l of the co-range sketch W = Psi M (Tropp et al. 2017:
-    k >= r + 2 and l >= 2k + 1 make the single-pass reconstruction close to the best rank r)."""
+    """Columns k of the residual's range sketch Y = M Omega (Halko et al. 2011: k = r + p with a small
+    oversampling p; 2r + 1 here, ample for attention's fast-decaying spectra)."""
 
     k: int
-    l: int  # noqa: E741 (the paper's name)
 
     @classmethod
     def for_rank(cls, rank: int, max_length: int) -> SketchSizes:
-        k = min(2 * rank + 1, max_length)
-        return cls(k, min(2 * k + 1, max_length))
+        return cls(min(2 * rank + 1, max_length))
 
 
 def real_rows(matrices: torch.Tensor, idx: torch.Tensor, a0: int, a1: int) -> torch.Tensor:
@@ -48,6 +46,15 @@ def real_rows(matrices: torch.Tensor, idx: torch.Tensor, a0: int, a1: int) -> to
     """
     lo, n = int(idx[0]), len(idx)
     return matrices.detach()[:, lo + a0 : lo + a1, lo : lo + n]
+
+
+def batch_examples(slots: torch.Tensor, device) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(real token positions (n,), their slots (n,)) of each example of a batch's slots (B, N) (-1 for padding)."""
+    out = []
+    for row in slots.to(device):
+        idx = (row >= 0).nonzero().squeeze(-1)
+        out.append((idx, row[idx]))
+    return out
 
 
 def _ones(like: torch.Tensor) -> torch.Tensor:
@@ -83,7 +90,7 @@ class StructuredAccumulator:
         layouts: the corpus's slot layouts (per-cell counts).
         sketch: sketch sizes (default: ``SketchSizes.for_rank``).
         device: where the sums live.
-        seed: seeds the sketches' Gaussian test matrices (shared by every head).
+        seed: seeds the range sketch's Gaussian test matrix (shared by every head).
         chunk: query tokens per row chunk.
     """
 
@@ -101,7 +108,6 @@ class StructuredAccumulator:
         self.body = torch.zeros(*shape, 2 * length - 1, **f64)
         self.far = torch.zeros(*shape, 2 * length - 1, **f64)  # sums of A / counts
         self.y = torch.zeros(*shape, length, self.sizes.k, **f64)  # M Omega
-        self.w = torch.zeros(*shape, self.sizes.l, length, **f64)  # Psi M
         # counts, shared by every head
         self.band_counts = torch.zeros(length, 2 * w + 1, **f64)
         self.rows_counts = torch.zeros(s, length, **f64)
@@ -113,7 +119,6 @@ class StructuredAccumulator:
         self.examples = 0
         g = torch.Generator().manual_seed(seed)
         self.omega = torch.randn(length, self.sizes.k, generator=g, dtype=torch.float64).to(self.device)  # (L, k)
-        self.psi = torch.randn(self.sizes.l, length, generator=g, dtype=torch.float64).to(self.device)  # (l, L)
         self.special = torch.zeros(length, dtype=torch.bool, device=self.device)
         self.special[list(layout.special)] = True
         self.special_index = torch.full((length,), -1, dtype=torch.long, device=self.device)
@@ -126,13 +131,10 @@ class StructuredAccumulator:
 
     def start_batch(self, slots: torch.Tensor) -> None:
         """Take the batch's slots (B, N) (-1 for padding) and count its cells."""
-        self._examples, self._plans = [], {}
-        cells = int((slots >= 0).sum(-1).pow(2).sum())
-        keep = cells <= PLAN_CELLS  # the plans serve every layer: kept when they fit, else rebuilt per layer
-        for e, row in enumerate(slots.to(self.device)):
-            idx = (row >= 0).nonzero().squeeze(-1)  # (n,) the real tokens
-            s = row[idx]  # (n,) their slots
-            self._examples.append((idx, s))
+        self._examples = batch_examples(slots, self.device)
+        self._plans = {}
+        keep = sum(len(s) ** 2 for _, s in self._examples) <= PLAN_CELLS  # kept for every layer when they fit
+        for e, (_, s) in enumerate(self._examples):
             self.examples += 1
             self.coverage.index_add_(0, s, torch.ones_like(s, dtype=torch.float64))
             for a0, a1 in self._chunks(len(s)):
@@ -172,16 +174,52 @@ class StructuredAccumulator:
         m = a * plan.inverse_far  # (H, c, n) this example's share of the far cells' means
         self.far[layer].index_add_(1, plan.offset[plan.far], m[:, plan.far])
         self.y[layer].index_add_(1, plan.rows, m @ self.omega[s])  # (H, c, k)
-        self.w[layer].index_add_(2, s, self.psi[:, plan.rows] @ m)  # (H, l, n)
 
     def reduce(self) -> None:
         """Sum across processes under torch.distributed (every process saw its own examples)."""
         if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
             return
-        sums = (self.band, self.rows, self.cols, self.body, self.far, self.y, self.w)
+        sums = (self.band, self.rows, self.cols, self.body, self.far, self.y)
         counts = (self.band_counts, self.rows_counts, self.cols_counts, self.body_counts, self.far_cells, self.cells)
         for t in (*sums, *counts, self.coverage):
             torch.distributed.all_reduce(t)
         n = torch.tensor([float(self.examples)], dtype=torch.float64, device=self.device)
         torch.distributed.all_reduce(n)
         self.examples = int(n.item())
+
+
+class ResidualProjection:
+    """The residual's second pass: B = Q^T M (H, k, L) per layer for fixed orthonormal bases Q (layers, H, L, k) of
+    the first pass's range sketches (``sketch.py``), streamed like ``StructuredAccumulator.y``: O(n^2 k) per head and
+    example, O(L k) memory per head."""
+
+    def __init__(self, acc: StructuredAccumulator, q: torch.Tensor):
+        self.acc, self.q = acc, q.to(acc.device, torch.float64)
+        layers, heads, length, k = q.shape
+        self.b = torch.zeros(layers, heads, k, length, dtype=torch.float64, device=acc.device)
+
+    def start_batch(self, slots: torch.Tensor) -> None:
+        """Take the batch's slots (B, N) (-1 for padding)."""
+        self._examples = batch_examples(slots, self.acc.device)
+        keep = sum(len(s) ** 2 for _, s in self._examples) <= PLAN_CELLS
+        self._plans = {}
+        if keep:
+            for e, (_, s) in enumerate(self._examples):
+                for a0, a1 in self.acc._chunks(len(s)):
+                    self._plans[e, a0] = _Plan(self.acc, s, a0, a1)
+
+    def add(self, layer: int, matrices: torch.Tensor) -> None:
+        """Add one layer's (B, H, N, N) attention probabilities of the current batch."""
+        for e, (idx, s) in enumerate(self._examples):
+            for a0, a1 in self.acc._chunks(len(s)):
+                plan = self._plans.get((e, a0)) or _Plan(self.acc, s, a0, a1)
+                a = real_rows(matrices[e], idx, a0, a1).to(self.acc.device, torch.float64)  # (H, c, n)
+                m = a * plan.inverse_far  # (H, c, n) this example's share of the far cells' means
+                q = self.q[layer][:, plan.rows]  # (H, c, k)
+                self.b[layer].index_add_(2, s, q.transpose(-1, -2) @ m)  # (H, k, n)
+
+    def reduce(self) -> torch.Tensor:
+        """(layers, H, k, L) B, summed across processes under torch.distributed."""
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            torch.distributed.all_reduce(self.b)
+        return self.b

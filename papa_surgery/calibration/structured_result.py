@@ -9,8 +9,10 @@ The result equals ``compact_parts(fill_uncovered(dense means))`` of a dense cali
   profile at the cell's offset, a measured offset's value borrowed by the nearest unmeasured one);
 - the profile: the plain mean over all far cells of each offset, covered cells (streamed sums of A / counts) and
   filled ones (their fill value) alike;
-- the residual far * (C - T): the streamed sketch of the covered far cells plus, in row chunks of the known
-  structure (O(L^2 (k + l)) work per head, once, O(chunk * L) memory), the filled far cells minus the profile.
+- the residual far * (C - T), in two passes (``sketch.py``): the range sketch streamed in the first, corrected
+  for the filled far cells minus the profile in row chunks of the known structure (O(L^2 k) work per head, once,
+  O(chunk * L) memory), then its projection B = Q^T (far * (C - T)), streamed in the second pass and corrected the
+  same way.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import torch
 
 from .compaction import COMPLETION_ROUNDS
 from .coverage import nearest_measured
-from .sketch import low_rank
+from .sketch import low_rank, range_basis
 from .structured import StructuredAccumulator
 
 
@@ -58,8 +60,9 @@ def _filled(sums, counts, cells_i, cells_j, fill: _Fill | None) -> torch.Tensor:
     return torch.where(counts.cpu() > 0, mean, fill.at(cells_i, cells_j))
 
 
-def structured_parts(acc: StructuredAccumulator, fill: bool = True, rounds: int = COMPLETION_ROUNDS) -> dict:
-    """The compact parts ``{name: (layers, heads, ...) float64}`` of the accumulated corpus (module docstring)."""
+def structured_parts(acc: StructuredAccumulator, fill: bool = True) -> dict:
+    """The compact parts ``{name: (layers, heads, ...) float64}`` of the accumulated corpus (module docstring); the
+    residual factors ``u`` and ``v`` are zero here: :func:`residual_factors` finds them after the second pass."""
     layout, length, w = acc.layout, acc.max_length, acc.layout.band
     idx = torch.arange(length)
     special_slots = torch.tensor(layout.special)
@@ -76,14 +79,47 @@ def structured_parts(acc: StructuredAccumulator, fill: bool = True, rounds: int 
         band = torch.where(inside, band, 0.0)
         rows = _filled(acc.rows[layer], acc.rows_counts, special_slots[:, None], idx[None, :], filler)
         cols = _filled(acc.cols[layer], acc.cols_counts, idx[:, None], special_slots[None, :], filler)
-        far_fill = filler.profile.clamp_min(0) if fill else torch.zeros_like(acc.far[layer].cpu())  # (H, 2L-1)
-        profile = (acc.far[layer].cpu() + unreached * far_fill) / far_total.clamp_min(1.0)
-        y, x = _corrected_sketch(acc, layer, profile, far_fill)
-        u, v = low_rank(y, x, acc.omega.cpu(), acc.psi.cpu(), layout, rounds)
-        found = {"band": band, "rows": rows, "cols": cols, "profile": profile, "u": u, "v": v}
+        profile = (acc.far[layer].cpu() + unreached * _far_fill(acc, filler)) / far_total.clamp_min(1.0)
+        zero = torch.zeros(band.shape[0], length, layout.rank, dtype=torch.float64)
+        found = {"band": band, "rows": rows, "cols": cols, "profile": profile, "u": zero, "v": zero.clone()}
         for name, t in found.items():
             out.setdefault(f"papa_constants_{name}", []).append(t)
     return {name: torch.stack(ts) for name, ts in out.items()}
+
+
+def _far_fill(acc: StructuredAccumulator, filler: _Fill | None) -> torch.Tensor:
+    """(H, 2L-1) the value a far cell no example reached takes, by offset (zero without the coverage fill)."""
+    if filler is None:
+        return torch.zeros(acc.band.shape[1], 2 * acc.max_length - 1, dtype=torch.float64)
+    return filler.profile.clamp_min(0)
+
+
+def residual_ranges(acc: StructuredAccumulator, parts: dict, fill: bool = True) -> torch.Tensor:
+    """(layers, H, L, k) orthonormal bases of the residual's range sketches, the first pass's (module docstring)."""
+    omega = acc.omega.cpu()
+    out = []
+    for layer in range(acc.band.shape[0]):
+        y = acc.y[layer].cpu().clone()  # (H, L, k)
+        for rows, g in _known_residual(acc, layer, parts, fill):
+            y[:, rows] += g @ omega  # (H, c, k)
+        out.append(range_basis(y))
+    return torch.stack(out)
+
+
+def residual_factors(acc: StructuredAccumulator, parts: dict, q: torch.Tensor, b: torch.Tensor, fill: bool = True,
+                     rounds: int = COMPLETION_ROUNDS) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """(u, v) (layers, H, L, r) float64: the residual's factors from the bases ``q`` (layers, H, L, k) and the
+    second pass's streamed projections ``b`` (layers, H, k, L) (module docstring)."""
+    us, vs = [], []
+    for layer in range(acc.band.shape[0]):
+        bl = b[layer].cpu().clone()  # (H, k, L)
+        ql = q[layer].cpu()
+        for rows, g in _known_residual(acc, layer, parts, fill):
+            bl += ql[:, rows].transpose(-1, -2) @ g  # (H, k, L)
+        u, v = low_rank(ql, bl, acc.layout, rounds)
+        us.append(u)
+        vs.append(v)
+    return torch.stack(us), torch.stack(vs)
 
 
 def _row_chunks(acc: StructuredAccumulator):
@@ -104,14 +140,12 @@ def _far_cells(acc: StructuredAccumulator) -> torch.Tensor:
     return total
 
 
-def _corrected_sketch(acc: StructuredAccumulator, layer: int, profile, far_fill):
-    """The sketches of far * (C - T): the streamed covered far means, plus filled far cells, minus the profile."""
-    y, x = acc.y[layer].cpu().clone(), acc.w[layer].cpu().clone()
-    omega, psi = acc.omega.cpu(), acc.psi.cpu()
+def _known_residual(acc: StructuredAccumulator, layer: int, parts: dict, fill: bool):
+    """(rows (c,), g (H, c, L)) in row chunks: the part of far * (C - T) not streamed, the filled far cells minus the
+    profile T on every far cell (the streamed sums carry the covered far cells' means)."""
+    filler = _Fill(acc, layer) if fill else None
+    far_fill, profile = _far_fill(acc, filler), parts["papa_constants_profile"][layer]  # (H, 2L-1) each
     everything = torch.arange(acc.max_length)
     for rows, offset, far in _row_chunks(acc):
         reached = acc.layouts.counts_at(rows, everything) > 0  # (c, L)
-        g = torch.where(far & ~reached, far_fill[:, offset], 0.0) - torch.where(far, profile[:, offset], 0.0)
-        y[:, rows] += g @ omega  # (H, c, k)
-        x += psi[:, rows] @ g  # (H, l, L)
-    return y, x
+        yield rows, torch.where(far & ~reached, far_fill[:, offset], 0.0) - torch.where(far, profile[:, offset], 0.0)

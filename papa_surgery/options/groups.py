@@ -201,7 +201,8 @@ class ConvertOptions(Checked):
         "Compact storage: the diagonals -w..w stored exactly (default 16; 0 above L=2048).", type=click.IntRange(min=0)
     )
     compact_rank: int | None = opt(
-        "Compact storage: the rank of the residual off the band (default 16; 4 above L=2048).",
+        "Compact storage: the rank of the residual off the band (default 16; 0 above L=2048). Calibration into the "
+        "structure finds it in one more pass over the corpus.",
         type=click.IntRange(min=0),
     )
 
