@@ -9,7 +9,8 @@ the same documents.
 
 Each measurement runs in a fresh subprocess and reports that process's peak resident memory
 (``resource.getrusage(RUSAGE_SELF).ru_maxrss``: everything the process held, weights included) and its wall time.
-Calibration's time is split into its passes as the bars show them (layouts, the streaming pass, the variance pass).
+Calibration's time is split into its passes as the bars show them (layouts, the streaming pass, the residual's pass
+when the layout has one, the variance pass).
 What a dense calibration would hold is computed, not run: layers x heads x L^2 x 16 bytes (fp64 sums and squares).
 
 Run: python benchmarks/bench_long_calibration.py [--max-length 8192] [--documents 2] [--threads 2]

@@ -11,7 +11,7 @@ compacted      the same constants stored compactly at conversion (band 16, rank 
 compacted r0   the same with no residual (band 16, rank 0)
 structured     calibrated straight into the structure (``storage="compact"``: streamed band, special slots,
                profile and the rank-16 residual's two passes; no (L, L) accumulator)
-structured r0  the same with no residual (the default layout above L = 2,048)
+structured r0  the same with no residual (band 16, rank 0)
 half A/half B  dense constants of each half of the calibration documents: their difference is the calibration's
                own split-half noise, the yardstick for the rows above
 
@@ -98,7 +98,7 @@ def main() -> None:
     name = Path(args.model).name
     size = f"{len(train)} calibration documents, {len(held_out)} held out"
     print(f"{name} L={args.length}, fraction {args.fraction:g}; {size}")
-    print(f"{'row':12s} {'token cos':>9s} {'sent cos':>9s} {'calib s':>8s}")
+    print(f"{'row':13s} {'token cos':>9s} {'sent cos':>9s} {'calib s':>8s}")
 
     def row(name: str, corpus, storage: str, convert_storage: str, layout=None) -> tuple[float, float]:
         start = time.perf_counter()
@@ -108,7 +108,7 @@ def main() -> None:
         seconds = time.perf_counter() - start
         model = convert(source, constants, every, tokenizer=tok, storage=convert_storage, **(layout or {}))
         tok_cos, sent_cos = agreement(model, source, tok, held_out, args.length)
-        print(f"{name:12s} {tok_cos:9.4f} {sent_cos:9.4f} {seconds:8.1f}", flush=True)
+        print(f"{name:13s} {tok_cos:9.4f} {sent_cos:9.4f} {seconds:8.1f}", flush=True)
         return tok_cos, sent_cos
 
     rows = args.rows.split(",")

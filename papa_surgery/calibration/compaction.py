@@ -24,9 +24,9 @@ DEFAULT_RANK = 16
 # Above LONG_FROM the default layout shrinks to the diagonal, the special slots and the profile (about 1 + 2 + 2 or 3
 # values per slot and head): band 16 and rank 16 would cost ~70 values per slot, which at L = 8,192 makes a
 # fraction-1 ModernBERT-base checkpoint 1.9x its source instead of smaller, and even a rank-4 residual left it 1.04x
-# (bench_long.py, size). The residual is worth little there: at L = 512 on all-MiniLM-L6-v2 rank 0 is 0.0015 below
-# rank 16 in sentence cosine to the source (bench_structure_quality.py), and its second calibration pass costs a
-# forward over the corpus again.
+# (bench_long.py, size). The residual is worth little there: at L = 512 on all-MiniLM-L6-v2 rank 0 is 0.001 / 0.002
+# below rank 16 in token / sentence cosine to the source (bench_structure_quality.py), and its calibration pass
+# costs another forward over the corpus.
 LONG_FROM = 2048
 LONG_BAND = 0
 LONG_RANK = 0

@@ -13,8 +13,10 @@ Passes over the corpus, none holding an (L, L) tensor per head:
    (equal when the structure represents the means exactly, which the tests check). Per-cell means of far cells
    are never held, so the dense definition has no exact streaming form; ``variance=False`` skips this pass.
 
-Under torch.distributed each process runs its own batches and the sums are all-reduced: the result equals one
-process's up to the order of fp64 additions (not bitwise, unlike the dense path).
+Under torch.distributed each process runs its own batches and the sums are all-reduced; the residual's range basis
+is the first process's, broadcast, so every process projects onto the same one. The result equals one process's up
+to the order of fp64 additions (not bitwise, unlike the dense path; the residual as the product u v^T, whose
+factors' signs the SVD chooses).
 """
 
 from __future__ import annotations
@@ -77,7 +79,7 @@ def calibrate_structured(model, tokenizer, corpus, layout: CompactLayout, pairs:
         acc.reduce()
         parts = structured_parts(acc, fill)
         if layout.rank:
-            q = residual_ranges(acc, parts, fill)
+            q = _same_everywhere(residual_ranges(acc, parts, fill), acc.device)
             projection = ResidualProjection(acc, q)
             _run(model, tokenizer, corpus, layout, pairs, batch_size, device, progress, "residual",
                  projection.start_batch, projection.add)  # fmt: skip
@@ -102,6 +104,18 @@ def calibrate_structured(model, tokenizer, corpus, layout: CompactLayout, pairs:
         parts, layout, "average", pairs, acc.coverage.cpu(), filled, None if deviation is None else deviation.result(),
         metadata,
     )  # fmt: skip
+
+
+def _same_everywhere(q: torch.Tensor, device) -> torch.Tensor:
+    """``q`` as the first process has it, under torch.distributed (each process's QR of the same all-reduced sketch
+    need not agree to the last bit, and where the sketch is rank-deficient its trailing basis columns are rounding
+    noise): every process then projects onto one basis, whose projections add up. Sent from ``device``, where the
+    accumulators' collectives run."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        q = q.to(device).contiguous()
+        torch.distributed.broadcast(q, src=0)
+        q = q.cpu()
+    return q
 
 
 class _Deviation:

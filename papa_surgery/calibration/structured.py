@@ -99,6 +99,10 @@ class StructuredAccumulator:
         length, w, s = layout.max_length, layout.band, len(layout.special)
         self.layout, self.layouts, self.max_length, self.chunk = layout, layouts, length, chunk
         self.sizes = sketch or SketchSizes.for_rank(layout.rank, length)
+        if self.sizes.k < layout.rank:
+            raise ValueError(
+                f"the residual's range sketch needs at least rank {layout.rank} columns; got {self.sizes.k}"
+            )
         self.device = torch.device(device)
         shape = (num_layers, num_heads)
         f64 = dict(dtype=torch.float64, device=self.device)
@@ -173,7 +177,8 @@ class StructuredAccumulator:
             self.cols[layer][:, :, self.special_index[slot]].index_add_(1, plan.rows, a[:, :, token])
         m = a * plan.inverse_far  # (H, c, n) this example's share of the far cells' means
         self.far[layer].index_add_(1, plan.offset[plan.far], m[:, plan.far])
-        self.y[layer].index_add_(1, plan.rows, m @ self.omega[s])  # (H, c, k)
+        if self.layout.rank:  # without a residual the range sketch is never read
+            self.y[layer].index_add_(1, plan.rows, m @ self.omega[s])  # (H, c, k)
 
     def reduce(self) -> None:
         """Sum across processes under torch.distributed (every process saw its own examples)."""

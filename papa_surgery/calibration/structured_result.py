@@ -1,7 +1,8 @@
 """From the structured sums to the compact parts: means, coverage fill, offset profile and residual factors.
 
 The result equals ``compact_parts(fill_uncovered(dense means))`` of a dense calibration (``coverage.py``,
-``compaction.py``), expressed on the structure:
+``compaction.py``), expressed on the structure; the residual up to the range finder's error (exact when its sketch
+has L columns):
 
 - band, special rows and columns: sum / count, and where no example reached a cell, the fill rules of
   ``fill_uncovered`` (a body query to a special slot: the head's mean from covered body rows to that slot; a special
@@ -10,8 +11,8 @@ The result equals ``compact_parts(fill_uncovered(dense means))`` of a dense cali
 - the profile: the plain mean over all far cells of each offset, covered cells (streamed sums of A / counts) and
   filled ones (their fill value) alike;
 - the residual far * (C - T), in two passes (``sketch.py``): the range sketch streamed in the first, corrected
-  for the filled far cells minus the profile in row chunks of the known structure (O(L^2 k) work per head, once,
-  O(chunk * L) memory), then its projection B = Q^T (far * (C - T)), streamed in the second pass and corrected the
+  for the filled far cells minus the profile in row chunks of the known structure (O(L^2 k) work per head, O(chunk * L)
+  memory), then its projection B = Q^T (far * (C - T)), streamed in the second pass and corrected the
   same way.
 """
 
