@@ -172,11 +172,13 @@ class StructuredSlots:
     # -- products ------------------------------------------------------------------------------------------------
 
     def _by_heads(self, method, x: torch.Tensor, *args) -> torch.Tensor:
-        """``method(x, *args)`` on groups of heads whose temporaries fit ``WORKSPACE`` bytes (about a dozen copies of
-        a head's (S, C) values each: FFT spectra, blocks, windows), so memory stays near the input's size."""
+        """``method(x, *args)`` on groups of heads whose temporaries (about a dozen copies of a head's (S, C) values
+        each: FFT spectra, blocks, windows) fit twice the input's size and ``WORKSPACE`` bytes, so memory stays near
+        the input's size. (At S = 512 a fixed 16 MiB workspace held more than the whole forward of the source:
+        peak 20.1 MiB against 17.3; bench_long.py, memory.)"""
         x = x.to(self.dtype)
         per_head = 12 * x.shape[1] * x.shape[2] * x.element_size()
-        group = max(1, WORKSPACE // per_head)
+        group = max(1, min(WORKSPACE, 2 * x.numel() * x.element_size()) // per_head)
         if group >= x.shape[0]:
             return method(self, x, *args)
         out = torch.empty_like(x)
