@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import torch
 
+from ..distributed import broadcast_from_main
 from ..hub_code.compact_constants import CompactLayout
 from ..hub_code.modeling_papa import attention_modules
 from ..hub_code.slots import compute_slots
@@ -79,7 +80,9 @@ def calibrate_structured(model, tokenizer, corpus, layout: CompactLayout, pairs:
         acc.reduce()
         parts = structured_parts(acc, fill)
         if layout.rank:
-            q = _same_everywhere(residual_ranges(acc, parts, fill), acc.device)
+            # One basis on every process: QRs of the same all-reduced sketch need not agree to the last bit, and where
+            # the sketch is rank-deficient the trailing columns are rounding noise; projections onto one basis add up.
+            q = broadcast_from_main(residual_ranges(acc, parts, fill))
             projection = ResidualProjection(acc, q)
             _run(model, tokenizer, corpus, layout, pairs, batch_size, device, progress, "residual",
                  projection.start_batch, projection.add)  # fmt: skip
@@ -104,18 +107,6 @@ def calibrate_structured(model, tokenizer, corpus, layout: CompactLayout, pairs:
         parts, layout, "average", pairs, acc.coverage.cpu(), filled, None if deviation is None else deviation.result(),
         metadata,
     )  # fmt: skip
-
-
-def _same_everywhere(q: torch.Tensor, device) -> torch.Tensor:
-    """``q`` as the first process has it, under torch.distributed (each process's QR of the same all-reduced sketch
-    need not agree to the last bit, and where the sketch is rank-deficient its trailing basis columns are rounding
-    noise): every process then projects onto one basis, whose projections add up. Sent from ``device``, where the
-    accumulators' collectives run."""
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        q = q.to(device).contiguous()
-        torch.distributed.broadcast(q, src=0)
-        q = q.cpu()
-    return q
 
 
 class _Deviation:

@@ -81,6 +81,28 @@ class _Plan:
         self.inverse = 1.0 / counts
 
 
+class BatchChunks:
+    """A batch's examples and the plans of their row chunks. The plans serve every layer: kept once made while the
+    batch's cells fit ``PLAN_CELLS``, else made again at each pass over the chunks."""
+
+    def __init__(self, acc: StructuredAccumulator, slots: torch.Tensor):
+        self.acc = acc
+        self.examples = batch_examples(slots, acc.device)  # (real positions (n,), slots (n,)) per example
+        self._keep = sum(len(s) ** 2 for _, s in self.examples) <= PLAN_CELLS
+        self._plans: dict[tuple[int, int], _Plan] = {}
+
+    def __iter__(self):
+        """(example e, real positions (n,), slots (n,), first row a0, end row a1, plan) of every row chunk."""
+        for e, (idx, s) in enumerate(self.examples):
+            for a0, a1 in self.acc._chunks(len(s)):
+                plan = self._plans.get((e, a0))
+                if plan is None:
+                    plan = _Plan(self.acc, s, a0, a1)
+                    if self._keep:
+                        self._plans[e, a0] = plan
+                yield e, idx, s, a0, a1, plan
+
+
 class StructuredAccumulator:
     """Running structured sums of (B, H, N, N) attention for every layer and head (module docstring).
 
@@ -127,32 +149,26 @@ class StructuredAccumulator:
         self.special[list(layout.special)] = True
         self.special_index = torch.full((length,), -1, dtype=torch.long, device=self.device)
         self.special_index[list(layout.special)] = torch.arange(s, device=self.device)
-        self._examples: list[tuple[torch.Tensor, torch.Tensor]] = []
-        self._plans: dict[tuple[int, int], _Plan] = {}
+        self._batch: BatchChunks | None = None
 
     def _chunks(self, n: int):
         return [(a, min(a + self.chunk, n)) for a in range(0, n, self.chunk)]
 
     def start_batch(self, slots: torch.Tensor) -> None:
         """Take the batch's slots (B, N) (-1 for padding) and count its cells."""
-        self._examples = batch_examples(slots, self.device)
-        self._plans = {}
-        keep = sum(len(s) ** 2 for _, s in self._examples) <= PLAN_CELLS  # kept for every layer when they fit
-        for e, (_, s) in enumerate(self._examples):
+        self._batch = BatchChunks(self, slots)
+        for _, s in self._batch.examples:
             self.examples += 1
             self.coverage.index_add_(0, s, torch.ones_like(s, dtype=torch.float64))
-            for a0, a1 in self._chunks(len(s)):
-                plan = _Plan(self, s, a0, a1)
-                if keep:
-                    self._plans[e, a0] = plan
-                self.band_counts.view(-1).index_add_(0, plan.band_index, _ones(plan.band_index))
-                self.body_counts.index_add_(0, plan.offset[plan.body], _ones(plan.offset[plan.body]))
-                self.far_cells.index_add_(0, plan.offset[plan.far], plan.inverse_far[plan.far])
-                self.cells += plan.inverse.sum()
-                for _, slot in self._special_queries(plan.rows):
-                    self.rows_counts[self.special_index[slot]].index_add_(0, s, _ones(s))
-                for _, slot in self._special_queries(s):
-                    self.cols_counts[:, self.special_index[slot]].index_add_(0, plan.rows, _ones(plan.rows))
+        for _, _, s, _, _, plan in self._batch:
+            self.band_counts.view(-1).index_add_(0, plan.band_index, _ones(plan.band_index))
+            self.body_counts.index_add_(0, plan.offset[plan.body], _ones(plan.offset[plan.body]))
+            self.far_cells.index_add_(0, plan.offset[plan.far], plan.inverse_far[plan.far])
+            self.cells += plan.inverse.sum()
+            for _, slot in self._special_queries(plan.rows):
+                self.rows_counts[self.special_index[slot]].index_add_(0, s, _ones(s))
+            for _, slot in self._special_queries(s):
+                self.cols_counts[:, self.special_index[slot]].index_add_(0, plan.rows, _ones(plan.rows))
 
     def _special_queries(self, slots: torch.Tensor) -> list[tuple[int, int]]:
         """(position in ``slots``, slot) of every special slot among ``slots``."""
@@ -161,11 +177,9 @@ class StructuredAccumulator:
 
     def add(self, layer: int, matrices: torch.Tensor) -> None:
         """Add one layer's (B, H, N, N) attention probabilities of the current batch."""
-        for e, (idx, s) in enumerate(self._examples):
-            for a0, a1 in self._chunks(len(s)):
-                plan = self._plans.get((e, a0)) or _Plan(self, s, a0, a1)
-                a = real_rows(matrices[e], idx, a0, a1).to(self.device, torch.float64)  # (H, c, n)
-                self._add_chunk(layer, a, s, plan)
+        for e, idx, s, a0, a1, plan in self._batch:
+            a = real_rows(matrices[e], idx, a0, a1).to(self.device, torch.float64)  # (H, c, n)
+            self._add_chunk(layer, a, s, plan)
 
     def _add_chunk(self, layer: int, a: torch.Tensor, s: torch.Tensor, plan: _Plan) -> None:
         h = a.shape[0]
@@ -205,23 +219,15 @@ class ResidualProjection:
 
     def start_batch(self, slots: torch.Tensor) -> None:
         """Take the batch's slots (B, N) (-1 for padding)."""
-        self._examples = batch_examples(slots, self.acc.device)
-        keep = sum(len(s) ** 2 for _, s in self._examples) <= PLAN_CELLS
-        self._plans = {}
-        if keep:
-            for e, (_, s) in enumerate(self._examples):
-                for a0, a1 in self.acc._chunks(len(s)):
-                    self._plans[e, a0] = _Plan(self.acc, s, a0, a1)
+        self._batch = BatchChunks(self.acc, slots)
 
     def add(self, layer: int, matrices: torch.Tensor) -> None:
         """Add one layer's (B, H, N, N) attention probabilities of the current batch."""
-        for e, (idx, s) in enumerate(self._examples):
-            for a0, a1 in self.acc._chunks(len(s)):
-                plan = self._plans.get((e, a0)) or _Plan(self.acc, s, a0, a1)
-                a = real_rows(matrices[e], idx, a0, a1).to(self.acc.device, torch.float64)  # (H, c, n)
-                m = a * plan.inverse_far  # (H, c, n) this example's share of the far cells' means
-                q = self.q[layer][:, plan.rows]  # (H, c, k)
-                self.b[layer].index_add_(2, s, q.transpose(-1, -2) @ m)  # (H, k, n)
+        for e, idx, s, a0, a1, plan in self._batch:
+            a = real_rows(matrices[e], idx, a0, a1).to(self.acc.device, torch.float64)  # (H, c, n)
+            m = a * plan.inverse_far  # (H, c, n) this example's share of the far cells' means
+            q = self.q[layer][:, plan.rows]  # (H, c, k)
+            self.b[layer].index_add_(2, s, q.transpose(-1, -2) @ m)  # (H, k, n)
 
     def reduce(self) -> torch.Tensor:
         """(layers, H, k, L) B, summed across processes under torch.distributed."""
