@@ -16,6 +16,7 @@ from papa_surgery.conversion.checkpoint import save_checkpoint
 from papa_surgery.conversion.surgery import convert
 from papa_surgery.healing.run import heal_model
 from papa_surgery.options import HealOptions
+from papa_surgery.registry import DEFAULT_TRAIN
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -269,7 +270,7 @@ def test_cli_convert_with_heal_steps_and_heal_a_checkpoint(tiny, tmp_path):
     result = runner.invoke(main, [*convert_args, *healing, "--out", str(tmp_path / "a")])
     assert result.exit_code == 0, result.output
     recipe = json.loads((tmp_path / "a" / "papa_recipe.json").read_text())
-    assert recipe["healing"]["steps"] == 4 and recipe["healing"]["train"] == "lora"
+    assert recipe["healing"]["steps"] == 4 and recipe["healing"]["train"] == DEFAULT_TRAIN == "full"
     assert "--heal-steps 4" in recipe["command"]
     # heal an unhealed checkpoint: the teacher must be named (the source was a local folder)
     result = runner.invoke(main, [*convert_args, "--out", str(tmp_path / "b")])

@@ -32,8 +32,8 @@ def heal(
 
     The PAPA model learns to reproduce its source's outputs on ``corpus``: every layer's hidden states
     (variance-normalised) and, for a sentence-transformers source, the sentence embedding its pipeline makes.
-    What trains (``train``): ``"lora"`` (LoRA on the value, attention-output and feed-forward Linears plus the
-    constants, merged at the end), ``"full"`` (the transformer layers' weights plus the constants) or
+    What trains (``train``): ``"full"`` (the default: the transformer layers' weights plus the constants), ``"lora"``
+    (LoRA on the value, attention-output and feed-forward Linears plus the constants, merged at the end) or
     ``"constants"``. The architecture does not change (no query/key comes back); the result is a plain PAPA model
     that :func:`papa_surgery.save` writes and that loads without peft.
 

@@ -70,8 +70,8 @@ class HealOptions(Checked):
     what they convert); ``lr=None`` is the training mode's default (``registry.TRAIN_MODES``).
     """
 
-    # 800: about 9 minutes for all-MiniLM-L6-v2 at L=128 on 2 CPU cores; its SST-2 sentence cosine to the source
-    # still rose from 150 to 600 steps (0.817 -> 0.829), its held-out one more (0.873 -> 0.897).
+    # 800: about 10 minutes for all-MiniLM-L6-v2 at L=128 on 2 CPU cores (full training); its SST-2 sentence cosine
+    # to the source still rose from 150 to 600 steps (0.817 -> 0.829 with LoRA), its held-out one more (0.873 -> 0.897).
     steps: int = opt("Optimisation steps (the step budget), one batch of examples each.", 800, type=POSITIVE_INT)
     train: str = opt(
         "What trains: " + "; ".join(f"{m.name}: {m.summary}" for m in registry.TRAIN_MODES.values()) + ".",
