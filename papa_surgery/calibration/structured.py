@@ -123,7 +123,8 @@ class StructuredAccumulator:
         self.sizes = sketch or SketchSizes.for_rank(layout.rank, length)
         if self.sizes.k < layout.rank:
             raise ValueError(
-                f"the residual's range sketch needs at least rank {layout.rank} columns; got {self.sizes.k}"
+                f"the residual's range sketch needs at least rank {layout.rank} columns; got {self.sizes.k}. Pass "
+                f"SketchSizes(k) with k >= {layout.rank}, or sketch=None for the default (2 * rank + 1)"
             )
         self.device = torch.device(device)
         shape = (num_layers, num_heads)
