@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from torch import nn
 
     from .calibration.constants import Constants
+    from .calibration.structured_constants import StructuredConstants
     from .ranking.order import Ranking
 
 __all__ = ["analyze", "calibrate", "convert", "finetune", "load", "probe", "rank", "save"]
@@ -90,14 +91,18 @@ def _what(value) -> str:
     return "None" if value is None else f"the {type(value).__name__} {value!r}"[:120]
 
 
-def _constants(constants: Constants | str | Path) -> Constants:
-    from .calibration.constants import Constants
+def _constants(constants: Constants | StructuredConstants | str | Path) -> Constants | StructuredConstants:
+    from .calibration.protocol import ConstantsBase
 
-    if isinstance(constants, Constants):
+    if isinstance(constants, ConstantsBase):  # dense or compact: every stage reads either
         return constants
     if isinstance(constants, (str, Path)):
-        return Constants.load(constants)
-    raise ArgumentTypeError("constants", f"must be Constants or the path of a constants file, got {_what(constants)}")
+        return ConstantsBase.load(constants)
+    raise ArgumentTypeError(
+        "constants",
+        f"must be Constants or StructuredConstants (from papa_surgery.calibrate) or the path of a constants file, "
+        f"got {_what(constants)}",
+    )
 
 
 def _workflow(model, tokenizer, source_name=None, run: RunOptions | None = None, progress: bool = True):
@@ -122,7 +127,7 @@ def calibrate(
     storage: str = "auto",
     compact_band: int | None = None,
     compact_rank: int | None = None,
-) -> Constants:  # or StructuredConstants
+) -> Constants | StructuredConstants:
     """Constants for every head of ``model`` (``papa-surgery calibrate``), averaged over ``corpus`` (paper 3.1).
 
     The model's weights, train/eval mode and device are left as they were.
@@ -142,7 +147,8 @@ def calibrate(
         batch_size, max_examples, device, progress: how the pass runs.
         source_name: the source's Hub id, recorded in the provenance (default: the model's ``name_or_path``).
         storage, compact_band, compact_rank: as in :func:`convert`; ``compact`` (``auto`` above L=512) calibrates
-            into that structure (``StructuredConstants``: no (L, L) matrix per head).
+            into that structure, and builds data-free kinds in it (``StructuredConstants``: no (L, L) matrix per
+            head; every other call takes them as it takes ``Constants``).
 
     Raises:
         ValueError: an unknown kind, an unsupported model, a bad value (naming the argument), or a corpus that
@@ -175,7 +181,7 @@ def rank(
     model: nn.Module | None = None,
     tokenizer: Any = None,
     *,
-    constants: Constants | str | Path | None = None,
+    constants: Constants | StructuredConstants | str | Path | None = None,
     task: str | None = None,
     data_dir: str | Path | None = None,
     seed: int = 0,
@@ -191,7 +197,7 @@ def rank(
         method: one of ``lambda``, ``reversed-lambda``, ``variance``, ``norm``, ``first-to-last``,
             ``last-to-first``, ``random``.
         model, tokenizer: the source model and its tokenizer (never changed).
-        constants: ``Constants`` of this model, or the path of a constants file.
+        constants: ``Constants`` or ``StructuredConstants`` of this model, or the path of a constants file.
         task, data_dir: the labelled task the lambdas learn on, and a local data folder (default: the Hub).
         seed: the ``random`` permutation's seed; the lambda probe's seed.
         **options: lambda training options (steps, epochs, lr, lambda_lr, batch_size, max_train_examples,
@@ -233,7 +239,7 @@ def rank(
 
 def convert(
     model: nn.Module,
-    constants: Constants | str | Path,
+    constants: Constants | StructuredConstants | str | Path,
     ranking: Ranking | str | Path,
     fraction: float,
     *,
@@ -249,7 +255,7 @@ def convert(
 
     Args:
         model: a source model of a supported family, with any head (deep-copied, never changed).
-        constants: its ``Constants`` (or a constants file).
+        constants: its ``Constants`` or ``StructuredConstants`` (or a constants file).
         ranking: a ``Ranking`` (or a ranking file ``*.json``, or a label-free method name such as ``"variance"``).
         fraction: the share of heads made constant, from 0 (the source) to 1 (attention-free); the heads are
             ``ranking.select(fraction)``.

@@ -168,6 +168,24 @@ DENSE_UP_TO = 128  # ``auto`` storage: dense up to this many slots, compact abov
 DENSE_CALIBRATION_UP_TO = 512
 DTYPES = ("fp32", "fp16", "bf16")
 
+# The format version of each kind of file papa-surgery writes besides checkpoints (whose format the shipped code
+# gates): a file of a newer version is refused on load, one without a version is version 1.
+FILE_FORMATS = {"constants": 1, "ranking": 1}
+
+
+def check_file_format(what: str, found, path) -> None:
+    """ValueError when a ``what`` file (``constants``, ``ranking``) says a format newer than this library reads."""
+    known = FILE_FORMATS[what]
+    try:
+        version = 1 if found is None else int(found)
+    except (TypeError, ValueError):
+        raise ValueError(f"{what} file {str(path)!r} has a damaged format version {found!r}") from None
+    if version > known:
+        raise ValueError(
+            f"{what} file {str(path)!r} is of format {version}, newer than the {known} this papa-surgery reads: "
+            f"upgrade papa-surgery (pip install -U papa-surgery), or make the file again with this version"
+        )
+
 
 def _unknown(what: str, name, choices) -> ValueError:
     close = difflib.get_close_matches(str(name), list(choices), n=1)
@@ -214,6 +232,27 @@ def check_method(name: str, task=None) -> Method:
 def default_method(task: str | None) -> str:
     """The method used when none is given: the paper's learned ``lambda`` with a task, else ``variance``."""
     return "lambda" if task else "variance"
+
+
+def check_reads(method_name: str, kind_name: str) -> None:
+    """ValueError unless constants of ``kind_name`` carry what ``method_name`` reads (``Method.constants``): that kind,
+    or a kind made from it that keeps its scores (``distilled`` keeps the average's variance)."""
+    chosen = method(method_name)
+    wanted = chosen.constants
+    if wanted is None:
+        return
+    made = KINDS.get(kind_name)
+    chain = []
+    while made is not None:
+        chain.append(made.name)
+        made = KINDS.get(made.starts_from) if made.starts_from else None
+    if wanted in chain:
+        return
+    how = "papa_surgery.calibrate(model, tokenizer" + ("" if wanted == "average" else f", kind={wanted!r}") + ")"
+    raise ValueError(
+        f"the {method_name!r} ranking reads {wanted} constants ({METHODS[method_name].summary}), not "
+        f"{kind_name} constants: pass constants={how}, or a constants file of kind {wanted}"
+    )
 
 
 def train_mode(name: str) -> TrainMode:

@@ -109,8 +109,11 @@ def test_structured_constants_save_load_and_convert(tiny, tmp_path):
             assert torch.equal(getattr(module, name), want[name])
     with pytest.raises(ValueError, match="compact_rank=2, not 5"):
         convert(model, loaded, heads, tokenizer=tok, compact_rank=5)
-    with pytest.raises(ValueError, match="storage dense"):
-        convert(model, loaded, heads, tokenizer=tok, storage="dense")
+    # dense storage asked for: the matrices the parts stand for, rebuilt (clamped at 0 as dense constants are)
+    dense = convert(model, loaded, heads, tokenizer=tok, storage="dense")
+    for layer, module in enumerate(attention_modules(dense)):
+        want = rebuild(loaded.layer_parts(layer, [h for ly, h in heads if ly == layer]), layout).clamp_min(0)
+        assert torch.equal(module.papa_constants, want)
 
 
 def test_calibrate_picks_the_structured_path(tiny):

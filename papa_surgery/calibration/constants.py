@@ -8,17 +8,16 @@ renormalises each row per example, like the paper's footnote 14.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
 
-from .. import __version__, registry
+from .. import registry
 from .coverage import coverage_summary
 from .files import write_constants_file
-from .fingerprint import Compatibility, config_fingerprint, model_fingerprint  # noqa: F401 (their old home)
+from .fingerprint import config_fingerprint, model_fingerprint  # noqa: F401 (their old home)
+from .protocol import ConstantsBase, file_fields
 
 # The kinds, as the registry declares them (papa_surgery.registry: what each needs and how it is made).
 DATA_FREE_KINDS = registry.DATA_FREE_KINDS
@@ -28,23 +27,11 @@ KINDS = registry.CONSTANT_KINDS
 LABELED_KINDS = registry.LABELED_KINDS  # sweeps only: trained with the probe (papa_surgery.probing.labeled)
 
 
-def _kind_matrix(kind: str, max_length: int) -> torch.Tensor:
-    """(L, L) matrix of a data-free kind."""
-    idx = torch.arange(max_length)
-    if kind == "identity":
-        return torch.eye(max_length)
-    if kind == "toeplitz":
-        return 1.0 / (1.0 + (idx[:, None] - idx[None, :]).abs().float())
-    if kind == "zeros":
-        return torch.zeros(max_length, max_length)
-    if kind == "uniform":
-        return torch.ones(max_length, max_length)
-    raise ValueError(f"unknown constant kind {kind!r}; choose one of {', '.join(KINDS)}")
-
-
 @dataclass
-class Constants(Compatibility):
-    """Constant attention matrices for every layer and head of one source model.
+class Constants(ConstantsBase):
+    """Constant attention matrices for every layer and head of one source model, one dense (L, L) matrix each
+    (the :class:`~papa_surgery.calibration.protocol.ConstantsBase` interface; ``StructuredConstants`` is the
+    compact storage).
 
     Attributes:
         values: (layers, heads, L, L) float32; row i, column j is the weight slot i gives slot j.
@@ -100,6 +87,11 @@ class Constants(Compatibility):
         return self.values.shape[1]
 
     @property
+    def layout(self) -> None:
+        """Dense matrices: no compact layout."""
+        return None
+
+    @property
     def coverage(self) -> torch.Tensor | None:
         """(L,) how many examples had a real token in each slot."""
         return None if self.counts is None else self.counts.diagonal().clone()
@@ -126,18 +118,29 @@ class Constants(Compatibility):
 
     @classmethod
     def from_kind(cls, kind: str, num_layers: int, num_heads: int, max_length: int, **metadata) -> Constants:
-        """Data-free constants of one kind for every layer and head."""
-        if kind in ANALYSIS_KINDS:
-            raise ValueError(f"{kind!r} constants come from papa_surgery.analysis.analysis_constants() on a corpus")
-        if kind in TRAINED_KINDS:
-            raise ValueError(f"{kind!r} constants come from papa_surgery.distill.distill() on a corpus")
-        if kind == "average":
-            raise ValueError(
-                "'average' constants come from calibrate(); data-free kinds: " + ", ".join(DATA_FREE_KINDS)
-            )
-        mat = _kind_matrix(kind, max_length)
-        values = mat.expand(num_layers, num_heads, max_length, max_length).clone()
-        return cls(values, kind, max_length, metadata={"papa_surgery_version": __version__, **metadata})
+        """Dense data-free constants of one kind for every layer and head (``data_free.data_free_constants`` picks
+        the storage by L)."""
+        from .data_free import data_free_constants
+
+        return data_free_constants(kind, num_layers, num_heads, max_length, layout=None, **metadata)
+
+    # -- the ConstantsBase interface ----------------------------------------------------------------------------
+    def conversion_layout(self, storage: str, trainable: bool, band=None, rank=None):
+        from .compaction import layout_for
+
+        if trainable and storage == "compact":
+            raise ValueError("trainable constants are stored dense; drop storage='compact' or trainable_constants")
+        return None if trainable else layout_for(storage, self.max_length, self.pairs, band, rank)
+
+    def layer_constants(self, layer: int, heads) -> torch.Tensor:
+        return self.values[layer, sorted(heads)]  # (Hc, L, L)
+
+    def to_dense(self) -> Constants:
+        return self
+
+    def matrices(self, heads, slots: int | None = None) -> dict[tuple[int, int], torch.Tensor]:
+        n = self.max_length if slots is None else min(slots, self.max_length)
+        return {(int(a), int(h)): self.values[int(a), int(h), :n, :n].float() for a, h in heads}
 
     def save(self, path: str | Path, overwrite: bool = True) -> Path:
         """Write a safetensors file (atomically) with the provenance in its metadata.
@@ -153,70 +156,14 @@ class Constants(Compatibility):
             tensors["counts"] = self.counts.double().contiguous()
         if self.variance is not None:
             tensors["variance"] = self.variance.double().contiguous()
-        meta = {
-            "format": "papa-constants",
-            "kind": self.kind,
-            "max_length": str(self.max_length),
-            "pairs": json.dumps(self.pairs),
-            "provenance": json.dumps(self.metadata, sort_keys=True, default=str),
-        }
-        return write_constants_file(path, overwrite, tensors, meta)
+        return write_constants_file(path, overwrite, tensors, self._file_metadata())
 
     @classmethod
-    def load(cls, path: str | Path) -> Constants:
-        """Read a file written by :meth:`save`.
-
-        Raises:
-            FileNotFoundError: no such file.
-            ValueError: the file is not PAPA constants (naming the file and the fix).
-        """
-        path = Path(path)
-        hint = "write one with papa-surgery calibrate"
-        if path.is_dir():
-            raise ValueError(
-                f"constants {str(path)!r} is a folder; pass the .safetensors file papa-surgery calibrate wrote"
-                " (a checkpoint's constants are inside its model; convert its source instead)"
-            )
-        if not path.is_file():
-            raise FileNotFoundError(f"constants file {str(path)!r} does not exist")
-        try:
-            with safe_open(str(path), framework="pt") as f:
-                meta = f.metadata() or {}
-                tensors = {k: f.get_tensor(k) for k in f.keys()}
-        except Exception as err:
-            raise ValueError(f"{str(path)!r} is not a safetensors constants file ({hint}): {err}") from err
-        if meta.get("format") == "papa-constants" and meta.get("storage") == "compact":
-            from .structured_constants import StructuredConstants
-
-            try:
-                return StructuredConstants.from_file(tensors, meta)
-            except (KeyError, TypeError, ValueError) as err:
-                raise ValueError(f"{str(path)!r}: its structured constants are damaged ({err}); {hint}") from None
-        if meta.get("format") != "papa-constants" or "values" not in tensors:
-            raise ValueError(f"{str(path)!r} is not a PAPA constants file ({hint})")
-        try:
-            kind = meta["kind"]
-            max_length = int(meta["max_length"])
-            pairs = json.loads(meta.get("pairs", "false"))
-            metadata = json.loads(meta.get("provenance", "{}"))
-            if not isinstance(pairs, bool) or not isinstance(metadata, dict) or not kind:
-                raise TypeError("pairs must be true/false and provenance a JSON object")
-        except KeyError as err:
-            raise ValueError(f"{str(path)!r}: its metadata lacks {err.args[0]!r} ({hint})") from None
-        except (TypeError, ValueError) as err:
-            raise ValueError(f"{str(path)!r}: its metadata is damaged ({err}); {hint}") from None
-        try:
-            return cls(
-                values=tensors["values"].float(),
-                kind=kind,
-                max_length=max_length,
-                pairs=pairs,
-                counts=tensors.get("counts"),
-                variance=tensors.get("variance"),
-                metadata=metadata,
-            )
-        except ValueError as err:
-            raise ValueError(f"{str(path)!r}: {err}") from None
+    def from_file(cls, tensors: dict, meta: dict) -> Constants:
+        """The constants of a dense file :meth:`save` wrote (its tensors and metadata; :meth:`load` opens it)."""
+        fields = file_fields(meta)
+        values = tensors["values"].float()
+        return cls(values, counts=tensors.get("counts"), variance=tensors.get("variance"), **fields)
 
     def summary(self) -> dict:
         """JSON-ready facts for recipes and cards."""

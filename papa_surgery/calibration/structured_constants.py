@@ -9,28 +9,29 @@ safetensors like :class:`~papa_surgery.calibration.constants.Constants` (``Const
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
 from ..hub_code.compact_constants import COMPACT_PARTS, CompactLayout, rebuild, special_slots
+from ..hub_code.structured_constants import StructuredSlots
 from .coverage import coverage_summary
 from .files import write_constants_file
-from .fingerprint import Compatibility
+from .protocol import ConstantsBase, file_fields
 
-DENSE_VIEW_UP_TO = 1024  # ``values`` rebuilds dense matrices for methods that need them up to this L
+DENSE_VIEW_UP_TO = 1024  # ``to_dense`` rebuilds dense matrices for methods that need them up to this L
 
 
 @dataclass
-class StructuredConstants(Compatibility):
-    """Constants of every layer and head as compact parts.
+class StructuredConstants(ConstantsBase):
+    """Constants of every layer and head as compact parts (the
+    :class:`~papa_surgery.calibration.protocol.ConstantsBase` interface; ``Constants`` is the dense storage).
 
     Attributes:
         parts: ``{name: (layers, heads, ...)}`` float32 for each name of ``COMPACT_PARTS``.
         layout: the compact layout (L, band w, rank r, special slots).
-        kind: how they were made (``average``).
+        kind: how they were made (``average``, or a data-free kind: ``data_free.py``).
         pairs: calibrated on sentence pairs.
         coverage: (L,) float64, how many examples had a real token in each slot.
         filled_cells: how many of the L*L cells no example reached (filled from the measured head).
@@ -46,6 +47,8 @@ class StructuredConstants(Compatibility):
     filled_cells: int = 0
     variance: torch.Tensor | None = None
     metadata: dict = field(default_factory=dict)
+
+    storage = "compact"
 
     def __post_init__(self):
         if set(self.parts) != set(COMPACT_PARTS):
@@ -85,23 +88,56 @@ class StructuredConstants(Compatibility):
         index = torch.tensor(sorted(heads), dtype=torch.long)
         return {name: t[layer].index_select(0, index).contiguous() for name, t in self.parts.items()}
 
-    @property
-    def values(self) -> torch.Tensor:
-        """(layers, heads, L, L) the dense matrices these parts stand for, for methods that need them (lambda
-        ranking, distillation, figures), rebuilt up to L = ``DENSE_VIEW_UP_TO``.
+    # -- the ConstantsBase interface ----------------------------------------------------------------------------
+    def conversion_layout(self, storage: str, trainable: bool, band=None, rank=None) -> CompactLayout:
+        """This layout: the parts are stored as they are (ValueError when the conversion asks for another)."""
+        layout = self.layout
+        fix = "calibrate again with that layout (--compact-band, --compact-rank at calibrate)"
+        if trainable or storage == "dense":  # the workflow densifies first (to_dense); a direct call is refused
+            raise ValueError("dense or trainable constants: pass constants.to_dense(), not compact parts")
+        for name, wanted, have in (("compact_band", band, layout.band), ("compact_rank", rank, layout.rank)):
+            if wanted is not None and int(wanted) != have:
+                raise ValueError(f"these constants are stored with {name}={have}, not {wanted}; {fix}")
+        return layout
+
+    def layer_constants(self, layer: int, heads) -> dict[str, torch.Tensor]:
+        return self.layer_parts(layer, heads)
+
+    def to_dense(self):
+        """Dense ``Constants`` of the matrices these parts stand for (the same kind, variance and provenance; the
+        per-cell counts are not kept, the per-slot coverage is in the provenance), rebuilt up to L =
+        ``DENSE_VIEW_UP_TO``.
 
         Raises:
             ValueError: L is larger (the matrices would take layers * heads * L^2 floats), naming the fix.
         """
         if self.max_length > DENSE_VIEW_UP_TO:
+            gigabytes = self.num_layers * self.num_heads * self.max_length**2 * 4 / 1e9
             raise ValueError(
-                f"these constants are stored compact at L={self.max_length}: what needs dense (L, L) matrices per "
-                f"head (lambda ranking, distilled constants, attention figures) cannot use them; calibrate with "
-                f"storage='dense' (--storage dense) at a smaller max_length, or use a label-free ranking "
-                f"(variance, first-to-last, ...)"
+                f"these constants are stored compact at L={self.max_length}: dense (L, L) matrices per head (dense "
+                f"storage, trainable constants, the lambda ranking, distilled and labelled kinds) would take "
+                f"{gigabytes:.1f} GB; keep compact storage with a label-free ranking (variance, first-to-last, ...) "
+                f"and the average or a data-free kind, or use max_length <= {DENSE_VIEW_UP_TO}"
             )
+        from .constants import Constants
+
         heads = range(self.num_heads)
-        return torch.stack([rebuild(self.layer_parts(layer, heads), self.layout) for layer in range(self.num_layers)])
+        values = torch.stack([rebuild(self.layer_parts(layer, heads), self.layout) for layer in range(self.num_layers)])
+        metadata = {**self.metadata, "densified_from": {"band": self.layout.band, "rank": self.layout.rank}}
+        if self.coverage is not None:
+            metadata["coverage"] = coverage_summary(self.coverage, self.max_length, self.filled_cells)
+        # the residual may leave a few cells slightly negative: dense matrices are attention weights
+        return Constants(values.clamp_min(0), self.kind, self.max_length, self.pairs, None, self.variance, metadata)
+
+    def matrices(self, heads, slots: int | None = None) -> dict[tuple[int, int], torch.Tensor]:
+        n = self.max_length if slots is None else min(slots, self.max_length)
+        order = torch.arange(n)
+        out = {}
+        for layer, head in heads:
+            parts = self.layer_parts(int(layer), [int(head)])
+            cells = StructuredSlots(parts, self.layout, order, None, torch.float32).cells(order, order)  # (1, n, n)
+            out[(int(layer), int(head))] = cells[0]
+        return out
 
     def save(self, path: str | Path, overwrite: bool = True) -> Path:
         """Write a safetensors file (atomically), as :meth:`Constants.save` does; ``Constants.load`` reads it."""
@@ -111,35 +147,30 @@ class StructuredConstants(Compatibility):
         if self.variance is not None:
             tensors["variance"] = self.variance.double().contiguous()
         meta = {
-            "format": "papa-constants",
-            "storage": "compact",
-            "kind": self.kind,
-            "max_length": str(self.max_length),
+            **self._file_metadata(),
             "compact_band": str(self.layout.band),
             "compact_rank": str(self.layout.rank),
             "filled_cells": str(self.filled_cells),
-            "pairs": json.dumps(self.pairs),
-            "provenance": json.dumps(self.metadata, sort_keys=True, default=str),
         }
-
         return write_constants_file(path, overwrite, tensors, meta)
 
     @classmethod
     def from_file(cls, tensors: dict, meta: dict) -> StructuredConstants:
         """The constants of a file :meth:`save` wrote (its tensors and metadata; ``Constants.load`` opens it)."""
-        length, pairs = int(meta["max_length"]), json.loads(meta.get("pairs", "false"))
+        fields = file_fields(meta)
+        length, pairs = fields["max_length"], fields["pairs"]
         band, rank = int(meta["compact_band"]), int(meta["compact_rank"])
         layout = CompactLayout(length, band, rank, special_slots(length, pairs))
         parts = {name: tensors[f"structure.{name}"].float() for name in COMPACT_PARTS}
         return cls(
             parts,
             layout,
-            meta["kind"],
+            fields["kind"],
             pairs,
             tensors.get("coverage"),
             int(meta.get("filled_cells", "0")),
             tensors.get("variance"),
-            json.loads(meta.get("provenance", "{}")),
+            fields["metadata"],
         )
 
     def summary(self) -> dict:

@@ -10,8 +10,8 @@ import torch
 
 from .. import __version__
 from ..calibration.compaction import compact_parts, layout_for
-from ..calibration.constants import Constants
 from ..calibration.coverage import warn_coverage
+from ..calibration.protocol import ConstantsBase
 from ..hub_code.compact_constants import COMPACT_PARTS, CompactLayout
 from ..hub_code.configuration_papa import PAPA_FIELDS, PAPA_FORMAT_VERSION, papa_config_class
 from ..hub_code.modeling_papa import attention_modules, heads_by_layer, papa_model_class
@@ -139,7 +139,7 @@ def build_papa_model(source, config, constants: dict[int, torch.Tensor] | None =
 
 def convert(
     model,
-    constants: Constants,
+    constants: ConstantsBase,
     heads,
     *,
     tokenizer=None,
@@ -157,7 +157,7 @@ def convert(
 
     Args:
         model: a source model of a supported family and head (never changed).
-        constants: ``Constants`` for every layer and head of this model (any kind).
+        constants: ``Constants`` or ``StructuredConstants`` for every layer and head of this model (any kind).
         heads: ``[[layer, head], ...]`` to make constant (e.g. ``ranking.select(fraction)``).
         tokenizer: the source tokenizer; its separator id lets the model find a pair's middle.
         kind, method, fraction: provenance written into the config.
@@ -183,17 +183,9 @@ def convert(
     constants = constants.fill()  # files written before filling existed still have empty cells
     heads = normalize_heads(heads, num_layers, num_heads)
     store = resolve_dtype(dtype)
-    structured = getattr(constants, "layout", None)  # StructuredConstants: calibrated into a compact layout
-    if structured is not None:
-        layout = _structured_layout(structured, storage, trainable_constants, compact_band, compact_rank)
-    else:
-        layout = (
-            None
-            if trainable_constants
-            else layout_for(storage, constants.max_length, constants.pairs, compact_band, compact_rank)
-        )
-    if trainable_constants and storage == "compact":
-        raise ValueError("trainable constants are stored dense; drop storage='compact' or trainable_constants")
+    if trainable_constants or storage == "dense":  # (L, L) matrices asked for: compact parts rebuilt (short L only)
+        constants = constants.to_dense()
+    layout = constants.conversion_layout(storage, trainable_constants, compact_band, compact_rank)
     config = papa_config(
         model.config,
         papa_max_length=constants.max_length,
@@ -212,30 +204,13 @@ def convert(
         papa_format_version=PAPA_FORMAT_VERSION,
         papa_surgery_version=__version__,
     )
-    by_layer = heads_by_layer(heads)
-    if structured is not None:  # the parts as calibrated: no (L, L) matrix
-        values = {layer: constants.layer_parts(layer, hs) for layer, hs in by_layer.items()}
-    else:
-        values = {layer: constants.values[layer, sorted(hs)] for layer, hs in by_layer.items()}  # (Hc, L, L) each
+    # (Hc, L, L) matrices, or compact parts stored as they are (no (L, L) matrix)
+    values = {layer: constants.layer_constants(layer, hs) for layer, hs in heads_by_layer(heads).items()}
     papa = build_papa_model(model, config, values)
     config = papa.config
     config.architectures = [type(papa).__name__]
     config.auto_map = auto_map(family)
     return papa
-
-
-def _structured_layout(layout: CompactLayout, storage: str, trainable: bool, band, rank) -> CompactLayout:
-    """The layout of constants calibrated into structure; ValueError when the conversion asks for another."""
-    fix = "calibrate again with that storage (--storage, --compact-band, --compact-rank at calibrate)"
-    if trainable or storage == "dense":
-        raise ValueError(
-            f"these constants were calibrated into compact storage (band {layout.band}, rank {layout.rank}); dense "
-            f"or trainable constants need dense calibration: {fix.replace('that storage', 'storage dense')}"
-        )
-    for name, wanted, have in (("compact_band", band, layout.band), ("compact_rank", rank, layout.rank)):
-        if wanted is not None and int(wanted) != have:
-            raise ValueError(f"these constants were calibrated with {name}={have}, not {wanted}; {fix}")
-    return layout
 
 
 def rebuild_papa_model(papa, *, trainable_constants: bool = False, storage: str = "auto", dtype=None):

@@ -80,6 +80,7 @@ def distill(
         raise ValueError(f"unknown distillation objective {objective!r}; choose one of {', '.join(OBJECTIVES)}")
     if steps < 1:
         raise ValueError(f"steps must be at least 1, got {steps}")
+    constants = constants.to_dense()  # trained as dense (L, L) matrices
     corpus = load_corpus(corpus, pairs=constants.pairs, max_examples=max_examples)
     heads = normalize_heads(heads, constants.num_layers, constants.num_heads)
     if not heads:

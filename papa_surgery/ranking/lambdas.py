@@ -42,7 +42,8 @@ def lambda_model(model: nn.Module, constants: Constants, tokenizer=None) -> nn.M
     Args:
         model: a source model of a supported family, any head (its ``base_model`` is copied; the source is
             never changed).
-        constants: ``Constants`` for every layer and head of this model (``values`` (layers, heads, L, L)).
+        constants: ``Constants`` or ``StructuredConstants`` for every layer and head of this model (mixed as dense
+            (L, L) matrices: ``to_dense``).
         tokenizer: the source tokenizer; its separator id lets the slot layout find a pair's middle.
 
     Returns:
@@ -65,7 +66,8 @@ def lambda_model(model: nn.Module, constants: Constants, tokenizer=None) -> nn.M
         papa_calibrated_on="pairs" if constants.pairs else "single",
         papa_surgery_version=__version__,
     )
-    values = {layer: constants.values[layer].float() for layer in range(num_layers)}  # (H, L, L) each
+    dense = constants.to_dense()  # lambda mixing trains with dense (L, L) matrices
+    values = {layer: dense.values[layer].float() for layer in range(num_layers)}  # (H, L, L) each
     mixed = build_papa_model(source, config, values, unused=("pooler.",))  # the probe reads hidden states only
     for name, param in mixed.named_parameters():
         param.requires_grad_(name.endswith("papa_lambda_logits"))

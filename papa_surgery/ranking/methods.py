@@ -11,7 +11,7 @@ import random
 from typing import Any
 
 from .. import __version__, registry
-from ..calibration.constants import Constants
+from ..calibration.protocol import ConstantsBase as Constants
 from ..failures import ArgumentError, spell
 from ..models.loading import public_name
 from .order import Ranking, order_by_scores, reversed_ranking
@@ -32,7 +32,10 @@ def norm_ranking(constants: Constants | None = None, *, model=None, tokenizer=No
     """
     from ..analysis import norm_scores
 
-    scores, meta = norm_scores(constants, model=model, tokenizer=tokenizer, corpus=corpus, **kwargs)
+    if constants is not None and (model is None or constants.serves("norm")):
+        scores, meta = constants.head_scores("norm"), constants.metadata  # refuses constants of another kind
+    else:
+        scores, meta = norm_scores(None, model=model, tokenizer=tokenizer, corpus=corpus, **kwargs)
     order, ordered = order_by_scores(scores, ascending=True)
     prov = {
         "papa_surgery_version": __version__,
@@ -78,9 +81,9 @@ def label_free_ranking(
     prov: dict[str, Any] = {"papa_surgery_version": __version__}
     scores = None
     if method == "variance":
-        if constants is None or constants.variance is None:
+        if constants is None:
             raise ValueError("the variance ranking needs calibrated (average) constants with their variance scores")
-        order, scores = order_by_scores(constants.variance.tolist())
+        order, scores = order_by_scores(constants.head_scores("variance"))  # refuses constants of another kind
         prov.update(corpus=constants.metadata.get("corpus"), source_model=constants.metadata.get("source_model"))
     elif method in ("first-to-last", "last-to-first"):
         layers = range(num_layers) if method == "first-to-last" else reversed(range(num_layers))
@@ -140,6 +143,7 @@ def rank_heads(
             f"the {method!r} ranking mixes each head with its constant matrix: pass {spell('constants')} "
             "(make them with papa-surgery calibrate)",
         )
+    registry.check_reads(method, constants.kind)
     if tokenizer is None:
         raise ValueError(f"the {method!r} ranking needs the model's tokenizer to read the task's data")
     from .lambdas import train_lambdas

@@ -140,11 +140,13 @@ class Workflow:
         max_length = self.slots(max_length)
         if chosen.starts_from and chosen.made == registry.LABELED:
             chosen = registry.kind(chosen.starts_from)
-        if chosen.made == registry.DATA_FREE:
-            from ..calibration.constants import Constants
+        if chosen.made == registry.DATA_FREE:  # O(L) per head in a compact layout: any L
+            from ..calibration.average import structured_layout
+            from ..calibration.data_free import data_free_constants
 
-            layers, heads_per_layer = self.shape
-            return Constants.from_kind(chosen.name, layers, heads_per_layer, max_length, source_model=self.source)
+            layout = structured_layout(storage, max_length, False, compact_band, compact_rank)
+            layers, per_layer = self.shape
+            return data_free_constants(chosen.name, layers, per_layer, max_length, layout, source_model=self.source)
         corpus = corpus if isinstance(corpus, Corpus) else open_corpus(corpus, pairs=pairs, max_examples=max_examples)
         if chosen.made == registry.TRAINED:
             start = self.constants(chosen.starts_from, corpus=corpus, max_length=max_length, storage="dense")
@@ -182,7 +184,7 @@ class Workflow:
         layers, per_layer = self.shape
         heads = [[layer, h] for layer in range(layers) for h in range(per_layer)] if heads is None else heads
         corpus = corpus if isinstance(corpus, Corpus) else open_corpus(corpus, pairs=constants.pairs)
-        key = ("distilled", corpus_key(corpus), _constants_key(constants), tuple(map(tuple, heads)), options)
+        key = ("distilled", corpus_key(corpus), constants.key(), tuple(map(tuple, heads)), options)
 
         def make():
             return distill(
@@ -234,12 +236,12 @@ class Workflow:
                 **lambda_options,
             )
             return reversed_ranking(base)
-        if chosen.constants is not None and not _reads(constants, chosen.constants):
-            constants = self.constants(chosen.constants, **(calibration or {}))
+        if chosen.constants is not None and (constants is None or not constants.serves(chosen.name)):
+            constants = self.constants(chosen.constants, **(calibration or {}))  # what the method reads
         key = (
             chosen.name,
             task if chosen.task else None,
-            None if chosen.constants is None else _constants_key(constants),
+            None if chosen.constants is None else constants.key(),
             seed if chosen.seeded else None,
             tuple(sorted(lambda_options.items())) if chosen.task else None,
         )
@@ -357,21 +359,6 @@ def _local_source(name_or_path: str | None) -> dict | None:
     from ..models.sources import source_info, source_record
 
     return source_record(name_or_path, name_or_path, source_info(name_or_path))
-
-
-def _reads(constants, kind: str) -> bool:
-    """Whether ``constants`` serve a method that reads calibrated constants of ``kind``."""
-    if constants is None:
-        return False
-    if kind == "norm-average":
-        return "contribution" in constants.metadata
-    return constants.variance is not None  # data-free kinds carry no calibration: calibrate the average
-
-
-def _constants_key(constants) -> tuple:
-    """What identifies constants across runs and process counts: how they were made, not when."""
-    meta = constants.metadata
-    return (constants.kind, constants.max_length, constants.pairs, meta.get("corpus"), meta.get("examples"))
 
 
 def analyze(model, tokenizer, corpus, which: str, out_dir, **options) -> dict:
