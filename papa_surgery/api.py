@@ -210,6 +210,8 @@ def rank(
     """
     chosen = registry.check_method(method, task)
     constants = None if constants is None else _constants(constants)
+    if constants is not None:
+        registry.check_reads(chosen.name, constants.kind)  # the registry says which constants the method reads
     if model is None:
         if chosen.task:
             raise ArgumentError(

@@ -147,11 +147,12 @@ def _compact_layout(folder: Path):
         return None
 
 
-def read_constants(folder: Path, slots: int | None = None) -> dict[str, object]:
+def read_constants(folder: Path, slots: int | None = None, heads: dict[str, list[int]] | None = None) -> dict:
     """``{<module>.papa_constants: (Hc, L, L) float32 tensor}`` of a checkpoint, compact parts rebuilt.
 
     ``slots``: only the first ``slots`` rows and columns (figures of a long-L checkpoint, whose full matrices would
-    be L^2 values per head), read from compact parts without rebuilding the rest.
+    be L^2 values per head), read from compact parts without rebuilding the rest. ``heads``: only these tensors, and
+    of each only the heads at these positions (of its Hc, in head order): a figure of three heads reads three.
     """
     import torch
     from safetensors import safe_open
@@ -163,10 +164,15 @@ def read_constants(folder: Path, slots: int | None = None) -> dict[str, object]:
     out = {}
     with safe_open(str(Path(folder) / "model.safetensors"), framework="pt") as f:
         for name in constants_header(folder):
+            if heads is not None and name not in heads:
+                continue
+            pick = slice(None) if heads is None else torch.tensor(heads[name], dtype=torch.long)
             if name in f.keys():
-                out[name] = f.get_tensor(name).float()[:, :slots, :slots]
+                out[name] = f.get_tensor(name)[pick].float()[:, :slots, :slots]
             elif layout is not None:
-                parts = {part: f.get_tensor(name + part.removeprefix(CONSTANTS_SUFFIX)) for part in COMPACT_PARTS}
+                parts = {
+                    part: f.get_tensor(name + part.removeprefix(CONSTANTS_SUFFIX))[pick] for part in COMPACT_PARTS
+                }
                 order = torch.arange(min(slots or layout.max_length, layout.max_length))
                 value = StructuredSlots(parts, layout, order, None, torch.float32).cells(order, order)  # (Hc, k, k)
                 out[name] = value.clamp_min(0) if layout.clamped else value

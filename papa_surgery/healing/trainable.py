@@ -56,6 +56,7 @@ def prepare(papa, mode: str, lora_rank: int = 16, lora_alpha: float | None = Non
 
     if mode not in TRAIN_MODES:
         raise ValueError(f"unknown training mode {mode!r}; choose one of {', '.join(TRAIN_MODES)}")
+    _check_dense_constants(papa)
     student = rebuild_papa_model(papa, trainable_constants=True, storage="dense", dtype="float32")
     student.eval()  # no dropout: the targets are deterministic and so is the student
     for p in student.parameters():
@@ -75,6 +76,18 @@ def prepare(papa, mode: str, lora_rank: int = 16, lora_alpha: float | None = Non
         theta.requires_grad_(True)  # peft froze every parameter but its adapters
     weights = [p for name, p in model.named_parameters() if "lora_" in name]
     return Trainable(model, student, mode, thetas, weights, targets, hooks)
+
+
+def _check_dense_constants(papa) -> None:
+    """ValueError, before anything is allocated, when the constant heads' dense (L, L) matrices, trained as
+    parameters with their gradients and Adam state, would not fit this machine's memory (a long L)."""
+    from ..calibration import budget
+    from ..conversion.surgery import constant_heads_of
+
+    heads = len(constant_heads_of(papa))
+    length = int(papa.config.papa_max_length)
+    fix = "heal a checkpoint converted at a smaller max_length"
+    budget.check_dense_fits("healing (it trains the constants)", heads, length, budget.CORPUS_PASS, fix)
 
 
 def finish(trained: Trainable, storage: str = "auto", dtype=None):

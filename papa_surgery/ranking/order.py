@@ -99,7 +99,10 @@ class Ranking:
         from ..outputs.staging import staged_file
 
         path = check_file(path, overwrite, "ranking", argument="path")
-        text = json.dumps({"format": "papa-ranking", **asdict(self)}, indent=2) + "\n"
+        from ..registry import FILE_FORMATS
+
+        header = {"format": "papa-ranking", "format_version": FILE_FORMATS["ranking"]}
+        text = json.dumps({**header, **asdict(self)}, indent=2) + "\n"
         check = lambda target: check_file(target, overwrite, "ranking", argument="path")  # noqa: E731
         with staged_file(path, overwrite, check=check) as tmp:
             tmp.write_text(text)
@@ -128,6 +131,9 @@ class Ranking:
             raise ValueError(f"ranking file {str(path)!r} is not JSON: {err}") from None
         if not isinstance(data, dict) or data.pop("format", None) != "papa-ranking":
             raise ValueError(f"{str(path)!r} is not a papa-surgery ranking ({hint})")
+        from ..registry import check_file_format
+
+        check_file_format("ranking", data.pop("format_version", None), path)
         return cls(**_checked_fields(data, path))
 
 

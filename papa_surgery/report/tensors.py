@@ -21,20 +21,18 @@ def constant_matrices(source, heads=None, max_heads: int = 3) -> list[tuple[str,
 
     path = None if isinstance(source, ConstantsBase) else Path(source)
     if path is not None and path.is_dir():
-        from ..conversion.inspection import read_config, read_constants
+        from ..conversion.inspection import constants_header, read_config
 
         config = read_config(path)
         by_layer = defaultdict(list)
         for layer, head in config["papa_constant_heads"]:
             by_layer[int(layer)].append(int(head))
-        available = {}
-        # compact constants come rebuilt, a long L only its first PLOT_SLOTS slots (a figure shows no more)
-        for key, tensor in read_constants(path, PLOT_SLOTS).items():
+        available = {}  # (layer, head) -> (its layer's tensor, its position there)
+        for key in constants_header(path):
             numbers = [int(p) for p in key.split(".") if p.isdigit()]
             layer = numbers[-1] if numbers else 0
-            tensor = tensor.numpy()  # (Hc, L, L), heads sorted
-            for i, head in enumerate(sorted(by_layer.get(layer, []))[: tensor.shape[0]]):
-                available[(layer, head)] = tensor[i]
+            for i, head in enumerate(sorted(by_layer.get(layer, []))):
+                available[(layer, head)] = (key, i)
     else:
         if path is not None and not path.is_file():
             raise ValueError(f"{path} is neither a constants file nor a PAPA checkpoint folder")
@@ -50,6 +48,15 @@ def constant_matrices(source, heads=None, max_heads: int = 3) -> list[tuple[str,
     for head in heads:
         if head not in available:
             raise ValueError(f"head {head} has no constant matrix in {source}")
-    if path is None or not path.is_dir():  # only the picked heads' matrices, their first PLOT_SLOTS slots
-        available = {h: m.numpy() for h, m in constants.matrices(heads, PLOT_SLOTS).items()}
-    return [(f"({layer}, {head})", available[(layer, head)]) for layer, head in heads]
+    # only the picked heads' matrices, their first PLOT_SLOTS slots (compact constants come rebuilt)
+    if path is not None and path.is_dir():
+        from ..conversion.inspection import read_constants
+
+        wanted = defaultdict(list)
+        for head in heads:
+            wanted[available[head][0]].append(available[head][1])
+        read = read_constants(path, PLOT_SLOTS, wanted)
+        matrices = {h: read[available[h][0]][wanted[available[h][0]].index(available[h][1])] for h in heads}
+    else:
+        matrices = constants.matrices(heads, PLOT_SLOTS)
+    return [(f"({layer}, {head})", matrices[(layer, head)].numpy()) for layer, head in heads]

@@ -113,7 +113,10 @@ def run_convert(
         ranking.check_compatible(config)
     kind = registry.kind(conv.kind)
     reads_corpus = kind.needs_corpus if given is None else kind.made == registry.TRAINED
-    method = None if ranking else registry.method(rank.resolved_method)
+    # Fraction 0 or 1 makes no head or every head constant, whatever the order: no ranking is made unless asked for
+    # (the default variance ranking would calibrate average constants: at L=8,192 that is minutes for nothing).
+    every_or_none = ranking is None and rank.method is None and rank.task is None and conv.fraction in (0.0, 1.0)
+    method = None if ranking or every_or_none else registry.method(rank.resolved_method)
     if method is not None and given is None and method.constants is not None:
         reads_corpus = True  # the ranking calibrates what it reads
     reads_corpus = reads_corpus or heal is not None  # healing trains on the calibration corpus
@@ -129,7 +132,11 @@ def run_convert(
         constants = flow.constants(kind.name, **calibration)
     else:
         constants = flow.constants(kind.starts_from, **calibration)
-    if ranking is None:
+    heads = None
+    if every_or_none:
+        layers, per_layer = flow.shape
+        heads = [[layer, h] for layer in range(layers) for h in range(per_layer)] if conv.fraction else []
+    elif ranking is None:
         ranking = flow.ranking(
             rank.method,
             task=rank.task,
@@ -140,12 +147,15 @@ def run_convert(
             **rank.lambda_options(),
             batch_size=run.batch_size,
         )
+    if heads is None:
+        heads = ranking.select(conv.fraction)
     if kind.made == registry.TRAINED:  # distilled for exactly the heads this checkpoint makes constant
-        constants = flow.distilled(constants, ranking.select(conv.fraction), corpus, distill)
+        constants = flow.distilled(constants, heads, corpus, distill)
     papa = flow.convert(
         constants,
         ranking,
         conv.fraction,
+        heads=heads,
         kind=kind.name,
         dtype=conv.dtype,
         **conv.storage_kwargs(),
@@ -281,6 +291,8 @@ def run_rank(
     method = registry.check_method(rank.resolved_method, rank.task)
     out = check_output_file(out, overwrite, "ranking")
     given = Constants.load(constants_file) if constants_file else None
+    if given is not None:
+        registry.check_reads(method.name, given.kind)  # before the model loads
     _, config, source, _ = _source(model_name)
     check_source_config(config, model_name)
     calibrates = given is None and (cal.corpus is not None or method.constants is not None)
