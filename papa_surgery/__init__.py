@@ -35,6 +35,7 @@ _LAZY = {
     "heal": "healing.api",
     "distill": "healing",
     "Constants": "calibration",
+    "StructuredConstants": "calibration",
     "Ranking": "ranking",
 }
 

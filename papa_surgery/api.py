@@ -18,13 +18,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from . import registry
+from .arguments import check_constants as _constants
+from .arguments import check_model as _model
+from .arguments import check_tokenizer as _tokenizer
+from .arguments import what as _what
 from .options import ArgumentError, ArgumentTypeError, CalibrationOptions, ConvertOptions, RunOptions
 
 if TYPE_CHECKING:
     from torch import nn
 
-    from .calibration.constants import Constants
-    from .calibration.structured_constants import StructuredConstants
+    from .calibration import Constants, StructuredConstants
     from .ranking.order import Ranking
 
 __all__ = ["analyze", "calibrate", "convert", "finetune", "load", "probe", "rank", "save"]
@@ -59,49 +62,6 @@ def load(
     RunOptions(device=device)  # an unavailable device is refused in plain words before the weights load
     return load_source(
         resolve_model(name_or_path), auto_class=auto_class, revision=revision, dtype=dtype, device=device
-    )
-
-
-def _model(model) -> None:
-    """TypeError unless ``model`` is a torch module with a config; ValueError for an unsupported family."""
-    from torch import nn
-
-    from .models.families import get_family
-
-    if not isinstance(model, nn.Module) or not hasattr(model, "config"):
-        raise ArgumentTypeError(
-            "model", f"must be a transformers model (e.g. from papa_surgery.load), got {_what(model)}"
-        )
-    get_family(model)
-
-
-def _tokenizer(tokenizer, required: bool = True) -> None:
-    from transformers import PreTrainedTokenizerBase
-
-    if tokenizer is None and not required:
-        return
-    if not isinstance(tokenizer, PreTrainedTokenizerBase):
-        raise ArgumentTypeError(
-            "tokenizer",
-            f"must be a transformers tokenizer (e.g. AutoTokenizer.from_pretrained), got {_what(tokenizer)}",
-        )
-
-
-def _what(value) -> str:
-    return "None" if value is None else f"the {type(value).__name__} {value!r}"[:120]
-
-
-def _constants(constants: Constants | StructuredConstants | str | Path) -> Constants | StructuredConstants:
-    from .calibration.protocol import ConstantsBase
-
-    if isinstance(constants, ConstantsBase):  # dense or compact: every stage reads either
-        return constants
-    if isinstance(constants, (str, Path)):
-        return ConstantsBase.load(constants)
-    raise ArgumentTypeError(
-        "constants",
-        f"must be Constants or StructuredConstants (from papa_surgery.calibrate) or the path of a constants file, "
-        f"got {_what(constants)}",
     )
 
 
@@ -147,8 +107,7 @@ def calibrate(
         batch_size, max_examples, device, progress: how the pass runs.
         source_name: the source's Hub id, recorded in the provenance (default: the model's ``name_or_path``).
         storage, compact_band, compact_rank: as in :func:`convert`; ``compact`` (``auto`` above L=512) calibrates
-            into that structure, and builds data-free kinds in it (``StructuredConstants``: no (L, L) matrix per
-            head; every other call takes them as it takes ``Constants``).
+            into that structure and builds data-free kinds in it (``StructuredConstants``: no (L, L) matrix per head).
 
     Raises:
         ValueError: an unknown kind, an unsupported model, a bad value (naming the argument), or a corpus that
@@ -209,9 +168,7 @@ def rank(
             missing constants.
     """
     chosen = registry.check_method(method, task)
-    constants = None if constants is None else _constants(constants)
-    if constants is not None:
-        registry.check_reads(chosen.name, constants.kind)  # the registry says which constants the method reads
+    constants = None if constants is None else _constants(constants, chosen.name)
     if model is None:
         if chosen.task:
             raise ArgumentError(

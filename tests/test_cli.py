@@ -122,7 +122,7 @@ def test_convert_with_defaults_and_data_free_kind(runner, source, corpus, tmp_pa
     assert result.exit_code == 0, result.output
     config = json.loads((out / "config.json").read_text())
     assert config["papa_kind"] == "identity" and len(config["papa_constant_heads"]) == 8
-    assert config["papa_method"] == "variance"  # the label-free default
+    assert config["papa_method"] is None  # fraction 1 makes every head constant: no ranking is made
 
 
 def test_rank_needs_a_task_for_lambda(runner, source, tmp_path):

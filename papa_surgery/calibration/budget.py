@@ -12,6 +12,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from .. import registry
+from ..failures import spell
+
 # Peak bytes per (layer, head, i, j) cell, measured with /usr/bin/time on a tiny ModernBERT at L = 2,048 (rounded
 # up): a dense pass over a corpus (calibration, the analyses, distillation's start), and data-free matrices.
 CORPUS_PASS = 64
@@ -47,3 +50,19 @@ def check_dense_fits(what: str, heads: int, max_length: int, per_cell: int, fix:
         f"{cells * per_cell / 1e9:,.0f} GB, more than this machine's {have / 1e9:.0f} GB (dense fits up to about "
         f"L={fits} here); {fix}"
     )
+
+
+def check_kind_fits(kind: registry.Kind, shape: tuple[int, int], max_length: int) -> None:
+    """:func:`check_dense_fits` for making constants of ``kind`` as dense matrices for a model of ``shape`` (layers,
+    heads per layer), with the fix each kind has."""
+    if kind.made == registry.DATA_FREE:
+        what, per_cell = f"building {kind.name} constants", DATA_FREE
+        fix = f"build them in the compact structure ({spell('storage', 'compact')}: O(L) values per head)"
+    elif kind.made == registry.CALIBRATED:
+        what, per_cell = "calibrating the average", CORPUS_PASS
+        fix = f"calibrate into the compact structure ({spell('storage', 'compact')}, the default above L=512)"
+    else:  # the analyses average, and distillation trains, dense matrices
+        what, per_cell = f"making {kind.name} constants", CORPUS_PASS
+        smaller = spell("max_length").removesuffix("=...")
+        fix = f"use a smaller {smaller}, or the average (it calibrates into the compact structure) or a data-free kind"
+    check_dense_fits(what, shape[0] * shape[1], max_length, per_cell, fix)

@@ -13,10 +13,11 @@ from pathlib import Path
 
 import torch
 
-from .. import registry
+from .. import __version__, registry
 from .coverage import coverage_summary
 from .files import write_constants_file
 from .fingerprint import config_fingerprint, model_fingerprint  # noqa: F401 (their old home)
+from .kinds import offset_profile
 from .protocol import ConstantsBase, file_fields
 
 # The kinds, as the registry declares them (papa_surgery.registry: what each needs and how it is made).
@@ -119,10 +120,12 @@ class Constants(ConstantsBase):
     @classmethod
     def from_kind(cls, kind: str, num_layers: int, num_heads: int, max_length: int, **metadata) -> Constants:
         """Dense data-free constants of one kind for every layer and head (``data_free.data_free_constants`` picks
-        the storage by L)."""
-        from .data_free import data_free_constants
-
-        return data_free_constants(kind, num_layers, num_heads, max_length, layout=None, **metadata)
+        the storage by L; ``StructuredConstants.from_kind`` builds them in O(L) per head)."""
+        profile = offset_profile(kind, max_length)  # (2L-1,)
+        idx = torch.arange(max_length)
+        matrix = profile[idx[None, :] - idx[:, None] + max_length - 1]  # (L, L)
+        values = matrix.expand(num_layers, num_heads, max_length, max_length).clone()
+        return cls(values, kind, max_length, metadata={"papa_surgery_version": __version__, **metadata})
 
     # -- the ConstantsBase interface ----------------------------------------------------------------------------
     def conversion_layout(self, storage: str, trainable: bool, band=None, rank=None):

@@ -1,74 +1,19 @@
-"""Data-free constants (paper 5.2), built in O(L) per head when their storage is compact.
+"""Data-free constants (paper 5.2) in the storage their length calls for: O(L) per head when it is compact.
 
-Every data-free kind is a function of the offset j - i alone (a Toeplitz matrix): ``identity`` is 1 on the diagonal,
-``toeplitz`` 1 / (1 + |i - j|) (harmonic), ``uniform`` 1 everywhere, ``zeros`` 0. So its compact parts
-(``hub_code/compact_constants.py``) are exact with no residual: the profile is the kind's function of the offset,
-and the band and the special slots' rows and columns are that function read at their cells. A long L
-(``--max-length 8192``) then never allocates an (L, L) matrix: a fraction-1 ModernBERT-base's toeplitz constants at
-L = 8,192 take 22 x 12 x (2L-1 + 3L + ...) values instead of 22 x 12 x L^2 (70.9 GB).
+A long L (``--max-length 8192``) then never allocates an (L, L) matrix: a fraction-1 ModernBERT-base's toeplitz
+constants at L = 8,192 take about 6 values per slot and head (``kinds.py``: the parts are exact) instead of L^2
+(22 x 12 x 8,192^2 floats, 70.9 GB).
 """
 
 from __future__ import annotations
 
-import torch
-
-from .. import __version__, registry
-
-
-def offset_profile(kind: str, max_length: int) -> torch.Tensor:
-    """(2L-1,) float32 the kind's weight at every offset d = j - i, from -(L-1) (index 0) to L-1."""
-    d = torch.arange(-(max_length - 1), max_length)
-    if kind == "identity":
-        return (d == 0).float()
-    if kind == "toeplitz":
-        return 1.0 / (1.0 + d.abs().float())
-    if kind == "zeros":
-        return torch.zeros(d.shape)
-    if kind == "uniform":
-        return torch.ones(d.shape)
-    chosen = registry.kind(kind)  # an unknown name: the registry's error, with a suggestion
-    raise ValueError(
-        f"{kind!r} constants are not data-free ({chosen.summary}); data-free kinds: "
-        f"{', '.join(registry.DATA_FREE_KINDS)}"
-    )
-
-
-def offset_parts(profile: torch.Tensor, layout) -> dict[str, torch.Tensor]:
-    """The compact parts ``{name: (1, ...)}`` of the Toeplitz matrix C[i, j] = profile[j - i + L - 1], exactly."""
-    length, w = layout.max_length, layout.band
-    idx = torch.arange(length)
-    special = torch.tensor(layout.special)
-    cols = idx[:, None] + torch.arange(-w, w + 1)[None, :]  # (L, 2w+1) the band's columns
-    inside = (cols >= 0) & (cols < length)
-    at = lambda i, j: profile[j - i + length - 1]  # noqa: E731  the value of cells (i, j)
-    parts = {
-        "papa_constants_band": torch.where(inside, at(idx[:, None], cols.clamp(0, length - 1)), 0.0),
-        "papa_constants_rows": at(special[:, None], idx[None, :]),  # (S, L)
-        "papa_constants_cols": at(idx[:, None], special[None, :]),  # (L, S)
-        "papa_constants_profile": profile,
-        "papa_constants_u": torch.zeros(length, layout.rank),
-        "papa_constants_v": torch.zeros(length, layout.rank),
-    }
-    return {name: t[None].float() for name, t in parts.items()}
+from .constants import Constants
+from .structured_constants import StructuredConstants
 
 
 def data_free_constants(kind: str, num_layers: int, num_heads: int, max_length: int, layout=None, **metadata):
     """Data-free constants of ``kind`` for every layer and head: ``StructuredConstants`` in ``layout`` (a
     ``CompactLayout``: O(L) values per head), dense ``Constants`` when ``layout`` is ``None``."""
-    profile = offset_profile(kind, max_length)
-    metadata = {"papa_surgery_version": __version__, **metadata}
     if layout is None:
-        from .constants import Constants
-
-        idx = torch.arange(max_length)
-        matrix = profile[idx[None, :] - idx[:, None] + max_length - 1]  # (L, L)
-        values = matrix.expand(num_layers, num_heads, max_length, max_length).clone()
-        return Constants(values, kind, max_length, metadata=metadata)
-    from .structured_constants import StructuredConstants
-
-    if layout.max_length != max_length:
-        raise ValueError(f"a compact layout of L={layout.max_length} for constants of L={max_length}")
-    parts = {
-        name: t.expand(num_layers, num_heads, *t.shape[1:]).clone() for name, t in offset_parts(profile, layout).items()
-    }
-    return StructuredConstants(parts, layout, kind, metadata=metadata)
+        return Constants.from_kind(kind, num_layers, num_heads, max_length, **metadata)
+    return StructuredConstants.from_kind(kind, num_layers, num_heads, layout, **metadata)

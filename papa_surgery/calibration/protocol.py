@@ -34,6 +34,17 @@ class ConstantsBase(Compatibility):
     """
 
     storage: str = "dense"  # "dense" or "compact"
+    _storages: dict[str, type] = {}  # storage -> its class: each registers itself when it is defined
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        ConstantsBase._storages[cls.storage] = cls
+
+    @staticmethod
+    def storage_class(storage: str) -> type:
+        """The class of constants held in ``storage`` (``dense``: ``Constants``; ``compact``: ``StructuredConstants``;
+        both are defined when ``papa_surgery.calibration`` is imported)."""
+        return ConstantsBase._storages[storage]
 
     # -- what a ranking reads -----------------------------------------------------------------------------------
     def head_scores(self, method: str) -> list[list[float]]:
@@ -136,16 +147,12 @@ class ConstantsBase(Compatibility):
         if meta.get("format") != FILE_FORMAT:
             raise ValueError(f"{str(path)!r} is not a PAPA constants file ({hint})")
         registry.check_file_format("constants", meta.get("format_version"), path)
-        if meta.get("storage") == "compact":
-            from .structured_constants import StructuredConstants as storage
-        else:
-            from .constants import Constants as storage
         try:
-            return storage.from_file(tensors, meta)
+            return ConstantsBase.storage_class(meta.get("storage", "dense")).from_file(tensors, meta)
         except KeyError as err:
-            raise ValueError(f"{str(path)!r}: its metadata or tensors lack {err.args[0]!r} ({hint})") from None
+            raise ValueError(f"{str(path)!r} lacks {err.args[0]!r} in its metadata or tensors ({hint})") from None
         except (TypeError, ValueError) as err:
-            raise ValueError(f"{str(path)!r}: its constants are damaged ({err}); {hint}") from None
+            raise ValueError(f"{str(path)!r}: its metadata is damaged ({err}); {hint}") from None
 
 
 def file_fields(meta: dict) -> dict:

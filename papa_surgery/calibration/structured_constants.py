@@ -14,10 +14,12 @@ from pathlib import Path
 
 import torch
 
+from .. import __version__
 from ..hub_code.compact_constants import COMPACT_PARTS, CompactLayout, rebuild, special_slots
 from ..hub_code.structured_constants import StructuredSlots
 from .coverage import coverage_summary
 from .files import write_constants_file
+from .kinds import offset_parts, offset_profile
 from .protocol import ConstantsBase, file_fields
 
 DENSE_VIEW_UP_TO = 1024  # ``to_dense`` rebuilds dense matrices for methods that need them up to this L
@@ -79,6 +81,14 @@ class StructuredConstants(ConstantsBase):
         """Structured constants keep no (L, L) counts (see ``coverage`` and ``filled_cells``)."""
         return None
 
+    @classmethod
+    def from_kind(cls, kind: str, num_layers: int, num_heads: int, layout: CompactLayout, **metadata):
+        """Data-free constants of one kind for every layer and head, in ``layout``: O(L) values per head, exact
+        (``kinds.py``)."""
+        parts = offset_parts(offset_profile(kind, layout.max_length), layout)  # {name: (1, ...)}
+        parts = {name: t.expand(num_layers, num_heads, *t.shape[1:]).clone() for name, t in parts.items()}
+        return cls(parts, layout, kind, metadata={"papa_surgery_version": __version__, **metadata})
+
     def fill(self) -> StructuredConstants:
         """Already filled at calibration (``structured_result.py``): returned as is."""
         return self
@@ -119,15 +129,14 @@ class StructuredConstants(ConstantsBase):
                 f"{gigabytes:.1f} GB; keep compact storage with a label-free ranking (variance, first-to-last, ...) "
                 f"and the average or a data-free kind, or use max_length <= {DENSE_VIEW_UP_TO}"
             )
-        from .constants import Constants
-
         heads = range(self.num_heads)
         values = torch.stack([rebuild(self.layer_parts(layer, heads), self.layout) for layer in range(self.num_layers)])
         metadata = {**self.metadata, "densified_from": {"band": self.layout.band, "rank": self.layout.rank}}
         if self.coverage is not None:
             metadata["coverage"] = coverage_summary(self.coverage, self.max_length, self.filled_cells)
         # the residual may leave a few cells slightly negative: dense matrices are attention weights
-        return Constants(values.clamp_min(0), self.kind, self.max_length, self.pairs, None, self.variance, metadata)
+        dense = ConstantsBase.storage_class("dense")
+        return dense(values.clamp_min(0), self.kind, self.max_length, self.pairs, None, self.variance, metadata)
 
     def matrices(self, heads, slots: int | None = None) -> dict[tuple[int, int], torch.Tensor]:
         n = self.max_length if slots is None else min(slots, self.max_length)

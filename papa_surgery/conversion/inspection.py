@@ -170,9 +170,7 @@ def read_constants(folder: Path, slots: int | None = None, heads: dict[str, list
             if name in f.keys():
                 out[name] = f.get_tensor(name)[pick].float()[:, :slots, :slots]
             elif layout is not None:
-                parts = {
-                    part: f.get_tensor(name + part.removeprefix(CONSTANTS_SUFFIX))[pick] for part in COMPACT_PARTS
-                }
+                parts = {part: f.get_tensor(name + part.removeprefix(CONSTANTS_SUFFIX))[pick] for part in COMPACT_PARTS}
                 order = torch.arange(min(slots or layout.max_length, layout.max_length))
                 value = StructuredSlots(parts, layout, order, None, torch.float32).cells(order, order)  # (Hc, k, k)
                 out[name] = value.clamp_min(0) if layout.clamped else value

@@ -137,6 +137,7 @@ class Workflow:
         makes the average calibrate into it.
         """
         from ..calibration.average import structure_of, structured_layout
+        from ..calibration.budget import check_kind_fits
 
         chosen = registry.kind(kind, sweeps=True)
         max_length = self.slots(max_length)
@@ -147,38 +148,19 @@ class Workflow:
 
             layout = structured_layout(storage, max_length, False, compact_band, compact_rank)
             if layout is None:
-                self._check_dense(chosen, max_length)
+                check_kind_fits(chosen, self.shape, max_length)
             layers, per_layer = self.shape
             return data_free_constants(chosen.name, layers, per_layer, max_length, layout, source_model=self.source)
         pairs = corpus.pairs if isinstance(corpus, Corpus) else pairs
         structure = structure_of(chosen.name, storage, max_length, pairs, compact_band, compact_rank)
         if structure is None or chosen.made == registry.TRAINED:
-            self._check_dense(chosen, max_length)  # before the corpus is read: at a long L dense cannot fit
+            check_kind_fits(chosen, self.shape, max_length)  # before the corpus is read: at a long L dense cannot fit
         corpus = corpus if isinstance(corpus, Corpus) else open_corpus(corpus, pairs=pairs, max_examples=max_examples)
         if chosen.made == registry.TRAINED:
             start = self.constants(chosen.starts_from, corpus=corpus, max_length=max_length, storage="dense")
             return self.distilled(start, heads, corpus, distill)
         key = (chosen.name, corpus_key(corpus), max_length) + ((structure,) if structure else ())
         return self.cache.fetch("constants", key, lambda: self._average(chosen.name, corpus, max_length, structure))
-
-    def _check_dense(self, kind: registry.Kind, max_length: int) -> None:
-        """ValueError, naming the fix, when ``kind``'s dense (L, L) matrices would not fit this machine's memory."""
-        from ..calibration import budget
-
-        if kind.made == registry.DATA_FREE:
-            what, per_cell = f"building {kind.name} constants", budget.DATA_FREE
-            fix = f"build them in the compact structure ({spell('storage', 'compact')}: O(L) values per head)"
-        elif kind.made == registry.CALIBRATED:
-            what, per_cell = "calibrating the average", budget.CORPUS_PASS
-            fix = f"calibrate into the compact structure ({spell('storage', 'compact')}, the default above L=512)"
-        else:  # the analyses average, and distillation trains, dense matrices
-            what, per_cell = f"making {kind.name} constants", budget.CORPUS_PASS
-            fix = (
-                f"use a smaller {spell('max_length').removesuffix('=...')}, or the average (it calibrates into the "
-                f"compact structure) or a data-free kind"
-            )
-        layers, per_layer = self.shape
-        budget.check_dense_fits(what, layers * per_layer, max_length, per_cell, fix)
 
     def _average(self, kind: str, corpus: Corpus, max_length: int, structure=None):
         options = dict(
