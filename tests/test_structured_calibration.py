@@ -200,3 +200,57 @@ def test_a_range_sketch_narrower_than_the_rank_is_refused(tiny):
     layout = layout_for("compact", L, False, 2, 3)
     with pytest.raises(ValueError, match="needs at least rank 3 columns; got 2"):
         calibrate_structured(model, tok, load_corpus(_corpus()[:2]), layout, progress=False, sketch=SketchSizes(2))
+
+
+def _hooks_only(monkeypatch):
+    """Calibrate through forward hooks on eager attention (whole (B, H, N, N) matrices), as a family outside
+    transformers' attention interface does, instead of ``papa_capture``'s blocks."""
+    import dataclasses
+
+    from papa_surgery.calibration import into_structure
+
+    real = into_structure.get_family
+    monkeypatch.setattr(into_structure, "get_family", lambda m: dataclasses.replace(real(m), style="override"))
+
+
+@pytest.mark.parametrize(("model_type", "pairs", "padding"), [("modernbert", False, "left"), ("bert", True, "right")])
+def test_blocks_captured_equal_whole_eager_matrices(tiny, monkeypatch, model_type, pairs, padding):
+    """``papa_capture`` (blocks of rows, a local layer's window only) and the eager matrices give the same parts and
+    variance (ModernBERT's local layers, pairs, both padding sides), with and without a residual."""
+    model, tok = tiny.model(model_type), tiny.tokenizer(model_type, padding_side=padding)
+    corpus = load_corpus(_corpus(pairs), pairs=pairs)
+    for band, rank in ((3, 0), (2, 2)):
+        layout = layout_for("compact", L, pairs, band, rank)
+        made = [calibrate_structured(model, tok, corpus, layout, pairs, batch_size=4, progress=False)]
+        with monkeypatch.context() as patch:
+            _hooks_only(patch)
+            made.append(calibrate_structured(model, tok, corpus, layout, pairs, batch_size=4, progress=False))
+        captured, eager = made
+        for name in captured.parts:
+            assert torch.allclose(captured.parts[name], eager.parts[name], atol=1e-6), (band, rank, name)
+        assert torch.allclose(captured.variance, eager.variance, rtol=1e-5, atol=1e-10)
+
+
+@pytest.mark.parametrize(("model_type", "pairs"), [("modernbert", False), ("bert", True)])
+def test_variance_from_the_sums_equals_the_variance_pass(tiny, model_type, pairs):
+    """Without a residual the first pass's sums and squares give the variance; it equals the pass that measures
+    (A - C~)^2 cell by cell over every real entry (local windows and pairs included)."""
+    from papa_surgery.calibration import into_structure
+
+    model, tok = tiny.model(model_type), tiny.tokenizer(model_type)
+    corpus = load_corpus(_corpus(pairs), pairs=pairs)
+    acc_made = []
+
+    class Recorded(into_structure.StructuredAccumulator):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            acc_made.insert(0, self)
+
+    for band in (0, 3):
+        layout = layout_for("compact", L, pairs, band, 0)
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(into_structure, "StructuredAccumulator", Recorded)
+            constants = calibrate_structured(model, tok, corpus, layout, pairs, batch_size=4, progress=False)
+        measured = into_structure._Deviation(acc_made[0], constants.parts)
+        into_structure._run(model, tok, corpus, layout, pairs, 4, None, False, "variance", measured)
+        assert torch.allclose(constants.variance, measured.result(), rtol=1e-4, atol=1e-9), band

@@ -38,8 +38,9 @@ class CorpusLayouts:
         max_length: L.
     """
 
-    def __init__(self, layouts: dict[tuple[tuple[int, int], ...], int], max_length: int):
+    def __init__(self, layouts: dict[tuple[tuple[int, int], ...], int], max_length: int, batch_tokens=None):
         self.max_length = max_length
+        self.batch_tokens = batch_tokens  # the real tokens of each batch of the scan, in order (progress bars)
         keys = sorted(layouts)  # a fixed order: the counts are sums in this order on every process
         width = max((len(k) for k in keys), default=1)
         self.starts = torch.zeros(len(keys), width, dtype=torch.long)  # (U, K), empty runs pad as [0, 0)
@@ -67,10 +68,12 @@ def scan_layouts(corpus, tokenizer, max_length: int, pairs: bool, batch_size: in
     from .passes import _batches
 
     layouts: dict[tuple[tuple[int, int], ...], int] = {}
+    tokens = []
     for batch in tqdm(_batches(corpus, batch_size), desc="slot layouts", unit="batch", disable=not progress):
         enc = encode(tokenizer, batch, max_length, pairs=pairs)
         slots = compute_slots(enc["input_ids"], enc["attention_mask"], max_length, tokenizer.sep_token_id)  # (B, N)
+        tokens.append(int((slots >= 0).sum()))
         for row in slots:
             runs = runs_of(row)
             layouts[runs] = layouts.get(runs, 0) + 1
-    return CorpusLayouts(layouts, max_length)
+    return CorpusLayouts(layouts, max_length, tokens)

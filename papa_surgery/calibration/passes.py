@@ -33,26 +33,37 @@ def _batches(examples: Iterator, batch_size: int) -> Iterator[list]:
         yield batch
 
 
-def process_batches(corpus: Corpus, batch_size: int, desc: str, progress: bool = True):
+def process_batches(corpus: Corpus, batch_size: int, desc: str, progress: bool = True, tokens=None):
     """This process's batches of ``corpus``, with a bar: under torch.distributed, every world_size-th of the
     batches a single process would make (same examples, same padding), so each forward equals one process's.
 
-    Returns ``(batches, world_size)``; the bar shows on rank 0 only.
+    ``tokens``: the real tokens of every batch (known from a scan of the corpus), which the bar then counts (a long
+    document's batch is worth thousands of a short sentence's); without it the bar counts batches. Returns
+    ``(batches, world_size)``; the bar shows on rank 0 only.
     """
     rank, world = dist_rank(), world_size()
+    mine = _shard(_batches(corpus, batch_size), rank, world)
+    disable = not progress or rank != 0
+    if tokens is not None:
+        counts = [t for i, t in enumerate(tokens) if i % world == rank]
+        bar = tqdm(total=sum(counts), desc=desc, unit="tok", unit_scale=True, disable=disable)
+        return _counted(mine, counts, bar), world
     total = None
     try:
         total = len(range(rank, -(-len(corpus) // batch_size), world))
     except TypeError:  # a stream of unknown length
         pass
-    bar = tqdm(
-        _shard(_batches(corpus, batch_size), rank, world),
-        total=total,
-        desc=desc,
-        unit="batch",
-        disable=not progress or rank != 0,
-    )
-    return bar, world
+    return tqdm(mine, total=total, desc=desc, unit="batch", disable=disable), world
+
+
+def _counted(batches: Iterator[list], counts: list[int], bar) -> Iterator[list]:
+    """``batches``, moving ``bar`` by each one's tokens once it is done."""
+    try:
+        for batch, count in zip(batches, counts, strict=False):
+            yield batch
+            bar.update(count)
+    finally:
+        bar.close()
 
 
 def borrow(model, device=None) -> tuple[torch.device, Callable[[], None]]:

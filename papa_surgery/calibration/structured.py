@@ -2,17 +2,22 @@
 
 For every (layer, head) the accumulator keeps fp64 sums in the compact layout (``hub_code/compact_constants.py``):
 
-- ``band`` (L, 2w+1), ``rows`` (S, L), ``cols`` (L, S): raw sums of A over the cells stored exactly;
-- ``body`` (2L-1): raw sums of A over body cells (no special slot) per offset j - i: the coverage fill's profile;
+- ``band`` (L, 2w+1), ``rows`` (S, L), ``cols`` (L, S): raw sums of A over the cells stored exactly, and of A^2
+  (``*_sq``, for the variance);
+- ``body`` (2L-1): raw sums of A over body cells (no special slot) per offset j - i: the coverage fill's profile, and
+  on far offsets the sums the variance reads; ``body_sq``: the sum of A^2 over every body cell;
 - ``far`` (2L-1): sums of A / counts over "far" cells (off the band, no special slot) per offset: the sum of the
   per-cell means, so the stored profile (the plain mean of far cells per offset) needs no per-cell state;
-- ``y`` (L, k) = M Omega: the range sketch of the far-cell means M = far * (sum A / counts), the first of the
-  residual's two passes (``sketch.py``); :class:`ResidualProjection` streams the second, B = Q^T M.
+- ``y`` (L, k) = M Omega: with a residual (rank > 0) only, the range sketch of the far-cell means M = far * (sum A /
+  counts), the first of the residual's two passes (``sketch.py``); :class:`ResidualProjection` streams the second.
 
 The per-cell counts come from the corpus's layouts before any forward (``layouts.py``), which is what lets an
-example add ``A / counts`` directly. Counts shared by all heads (band, rows, columns, per-offset totals, coverage)
-are accumulated once per example. Memory per head is O(L * (2w+1 + 2S + k)); work per example is O(n^2 k) per head,
-in row chunks of ``chunk`` tokens so no (n, n) fp64 tensor exists either.
+example add ``A / counts`` directly. Attention arrives in blocks: rows a0..a1 of one example's real tokens against
+its columns b0..b1 (the whole row, or the window of a local layer; ``capture.py``). Within a block, the cells of two
+runs of consecutive body slots lie on diagonals of constant offset, so every per-offset sum is a sum along diagonals:
+the block is written sheared into a buffer (row i moved right by R - 1 - i) and summed over rows, a few passes over
+the block with no index per cell (:func:`diagonal_sums`). Counts shared by all heads (band, rows, columns, per-offset
+totals, coverage) are accumulated once per example. Memory per head is O(L * (2w+1 + 2S + k)).
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ import torch
 from ..hub_code.compact_constants import CompactLayout
 from .layouts import CorpusLayouts
 
-PLAN_CELLS = 2**24  # a batch's chunk plans (about 30 bytes a cell) are kept for all layers up to this many cells
+WEIGHT_CACHE = 2**26  # bytes of a batch's per-block inverse counts kept for every layer (else made again per layer)
 
 
 @dataclass(frozen=True)
@@ -48,63 +53,101 @@ def real_rows(matrices: torch.Tensor, idx: torch.Tensor, a0: int, a1: int) -> to
     return matrices.detach()[:, lo + a0 : lo + a1, lo : lo + n]
 
 
-def batch_examples(slots: torch.Tensor, device) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """(real token positions (n,), their slots (n,)) of each example of a batch's slots (B, N) (-1 for padding)."""
+def diagonal_sums(block: torch.Tensor, buffer: torch.Tensor | None = None, weights=None) -> torch.Tensor:
+    """(H, R + C - 1) the sums of ``block`` (H, R, C) (times ``weights`` (R, C), if given) along its diagonals:
+    entry t sums its cells at j - i = t - R + 1.
+
+    Row i is written R - 1 - i places to the right in a zeroed (H, R, R + C - 1) ``buffer`` (kept by the caller for
+    blocks of one shape: the cells never written stay zero), whose columns then hold one diagonal each.
+    """
+    h, r, c = block.shape
+    width = r + c - 1
+    if buffer is None:
+        buffer = block.new_zeros(h, r, width)
+    sheared = buffer.as_strided((h, r, c), (r * width, width - 1, 1), buffer.storage_offset() + r - 1)
+    if weights is None:
+        sheared.copy_(block)
+    else:
+        torch.mul(block, weights, out=sheared)  # written where it goes: no (H, R, C) product in between
+    return buffer.sum(1)
+
+
+class Example:
+    """One example's real tokens as the accumulator reads them.
+
+    Attributes:
+        lo, n: its first position in the padded batch and its number of real tokens.
+        slots: (n,) the slot of every real token.
+        runs: ``(p0, p1)`` position ranges of consecutive body slots (no special slot), in order.
+        special: ``(position, index into the layout's special slots)`` of its special tokens.
+    """
+
+    def __init__(self, idx: torch.Tensor, slots: torch.Tensor, special_index: torch.Tensor):
+        self.lo, self.n, self.slots = int(idx[0]), len(idx), slots
+        which = special_index[slots].tolist()  # (n,) -1 for a body token
+        self.special = [(p, s) for p, s in enumerate(which) if s >= 0]
+        values, self.runs, start = slots.tolist(), [], None
+        for p in range(self.n + 1):
+            body = p < self.n and which[p] < 0
+            if start is not None and (not body or values[p] != values[p - 1] + 1):
+                self.runs.append((start, p))
+                start = None
+            if body and start is None:
+                start = p
+
+    def blocks(self, a0: int, a1: int, b0: int, b1: int):
+        """``(r0, r1, c0, c1, offset)``: the parts of rows a0..a1 x columns b0..b1 that pair two body runs, with the
+        offset j - i of their first cell (every cell's offset is that plus its column minus its row)."""
+        for p0, p1 in self.runs:
+            r0, r1 = max(p0, a0), min(p1, a1)
+            if r0 >= r1:
+                continue
+            for q0, q1 in self.runs:
+                c0, c1 = max(q0, b0), min(q1, b1)
+                if c0 < c1:
+                    yield r0, r1, c0, c1, int(self.slots[c0] - self.slots[r0])
+
+
+def batch_examples(slots: torch.Tensor, special_index: torch.Tensor) -> list[Example]:
+    """The :class:`Example` of each row of a batch's slots (B, N) (-1 for padding)."""
     out = []
-    for row in slots.to(device):
+    for row in slots.to(special_index.device):
         idx = (row >= 0).nonzero().squeeze(-1)
-        out.append((idx, row[idx]))
+        out.append(Example(idx, row[idx], special_index))
     return out
 
 
-def _ones(like: torch.Tensor) -> torch.Tensor:
-    return torch.ones(like.shape, dtype=torch.float64, device=like.device)
+class BlockSink:
+    """What a pass over the corpus hands each layer's attention to, by blocks of query rows (``capture.py``), or as
+    whole (B, H, N, N) matrices (forward hooks on eager attention), which :meth:`add` cuts into the same blocks.
+
+    Subclasses set ``batch`` (the current batch's :class:`Example` list) in ``start_batch`` and define ``add_block``;
+    ``full_rows`` asks the capture for every key of a row, also outside a local layer's window.
+    """
+
+    full_rows = False
+    chunk = 256  # query rows per block
+    batch: list[Example] = []
+
+    def chunks(self, n: int) -> list[tuple[int, int]]:
+        """The query row ranges ``(a0, a1)`` of an example of ``n`` real tokens."""
+        return [(a, min(a + self.chunk, n)) for a in range(0, n, self.chunk)]
+
+    def add(self, layer: int, matrices: torch.Tensor) -> None:
+        """Add one layer's (B, H, N, N) attention probabilities of the current batch (whole rows)."""
+        for e, ex in enumerate(self.batch):
+            whole = matrices.detach()[e, :, ex.lo : ex.lo + ex.n, ex.lo : ex.lo + ex.n]  # (H, n, n)
+            for a0, a1 in self.chunks(ex.n):
+                self.add_block(layer, e, a0, a1, 0, ex.n, whole[:, a0:a1])
+
+    def add_block(self, layer: int, e: int, a0: int, a1: int, b0: int, b1: int, p: torch.Tensor) -> None:
+        """Add ``p`` (H, a1 - a0, b1 - b0): example ``e``'s attention from its real tokens a0..a1 to b0..b1 (the
+        cells outside the columns are zero: a local layer's window)."""
+        raise NotImplementedError  # pragma: no cover
 
 
-class _Plan:
-    """Where one row chunk of one example's (c, n) attention lands: shared by every layer and head."""
-
-    def __init__(self, acc: StructuredAccumulator, slots: torch.Tensor, a0: int, a1: int):
-        length, w = acc.max_length, acc.layout.band
-        self.rows = slots[a0:a1]  # (c,) slots of the chunk's queries
-        d = slots[None, :] - self.rows[:, None]  # (c, n) offset j - i
-        special_i, special_j = acc.special[self.rows], acc.special[slots]  # (c,), (n,)
-        body = ~special_i[:, None] & ~special_j[None, :]  # (c, n)
-        band = d.abs() <= w
-        self.band = band
-        self.band_index = (self.rows[:, None] * (2 * w + 1) + d + w)[band]  # (cells,) into (L * (2w+1))
-        self.offset = d + length - 1  # (c, n) index into (2L-1)
-        self.body = body
-        self.far = body & ~band
-        counts = acc.layouts.counts_at(self.rows, slots).to(acc.device)  # (c, n): every cell is reached (> 0)
-        self.inverse_far = torch.where(self.far, 1.0 / counts, 0.0)  # (c, n) float64
-        self.inverse = 1.0 / counts
-
-
-class BatchChunks:
-    """A batch's examples and the plans of their row chunks. The plans serve every layer: kept once made while the
-    batch's cells fit ``PLAN_CELLS``, else made again at each pass over the chunks."""
-
-    def __init__(self, acc: StructuredAccumulator, slots: torch.Tensor):
-        self.acc = acc
-        self.examples = batch_examples(slots, acc.device)  # (real positions (n,), slots (n,)) per example
-        self._keep = sum(len(s) ** 2 for _, s in self.examples) <= PLAN_CELLS
-        self._plans: dict[tuple[int, int], _Plan] = {}
-
-    def __iter__(self):
-        """(example e, real positions (n,), slots (n,), first row a0, end row a1, plan) of every row chunk."""
-        for e, (idx, s) in enumerate(self.examples):
-            for a0, a1 in self.acc._chunks(len(s)):
-                plan = self._plans.get((e, a0))
-                if plan is None:
-                    plan = _Plan(self.acc, s, a0, a1)
-                    if self._keep:
-                        self._plans[e, a0] = plan
-                yield e, idx, s, a0, a1, plan
-
-
-class StructuredAccumulator:
-    """Running structured sums of (B, H, N, N) attention for every layer and head (module docstring).
+class StructuredAccumulator(BlockSink):
+    """Running structured sums of attention for every layer and head (module docstring).
 
     Args:
         num_layers, num_heads: the model's shape.
@@ -113,7 +156,7 @@ class StructuredAccumulator:
         sketch: sketch sizes (default: ``SketchSizes.for_rank``).
         device: where the sums live.
         seed: seeds the range sketch's Gaussian test matrix (shared by every head).
-        chunk: query tokens per row chunk.
+        chunk: query tokens per block.
     """
 
     def __init__(self, num_layers, num_heads, layout: CompactLayout, layouts: CorpusLayouts, sketch=None,
@@ -132,9 +175,11 @@ class StructuredAccumulator:
         self.band = torch.zeros(*shape, length, 2 * w + 1, **f64)  # raw sums
         self.rows = torch.zeros(*shape, s, length, **f64)
         self.cols = torch.zeros(*shape, length, s, **f64)
+        self.band_sq, self.rows_sq, self.cols_sq = (torch.zeros_like(t) for t in (self.band, self.rows, self.cols))
         self.body = torch.zeros(*shape, 2 * length - 1, **f64)
+        self.body_sq = torch.zeros(*shape, **f64)
         self.far = torch.zeros(*shape, 2 * length - 1, **f64)  # sums of A / counts
-        self.y = torch.zeros(*shape, length, self.sizes.k, **f64)  # M Omega
+        self.y = torch.zeros(*shape, length, self.sizes.k if layout.rank else 0, **f64)  # M Omega
         # counts, shared by every head
         self.band_counts = torch.zeros(length, 2 * w + 1, **f64)
         self.rows_counts = torch.zeros(s, length, **f64)
@@ -142,6 +187,7 @@ class StructuredAccumulator:
         self.body_counts = torch.zeros(2 * length - 1, **f64)
         self.far_cells = torch.zeros(2 * length - 1, **f64)  # sum of 1 / counts: covered far cells per offset
         self.cells = torch.zeros((), **f64)  # covered cells in all (sum of 1 / counts)
+        self.entries = torch.zeros((), **f64)  # real (example, cell) entries in all
         self.coverage = torch.zeros(length, **f64)
         self.examples = 0
         g = torch.Generator().manual_seed(seed)
@@ -150,85 +196,148 @@ class StructuredAccumulator:
         self.special[list(layout.special)] = True
         self.special_index = torch.full((length,), -1, dtype=torch.long, device=self.device)
         self.special_index[list(layout.special)] = torch.arange(s, device=self.device)
-        self._batch: BatchChunks | None = None
+        self.batch = []
+        self._weights: dict[tuple, torch.Tensor] = {}
+        self._buffers: dict[tuple, torch.Tensor] = {}
 
-    def _chunks(self, n: int):
-        return [(a, min(a + self.chunk, n)) for a in range(0, n, self.chunk)]
-
+    # -- per batch: the examples and their counts --------------------------------------------------------------------
     def start_batch(self, slots: torch.Tensor) -> None:
         """Take the batch's slots (B, N) (-1 for padding) and count its cells."""
-        self._batch = BatchChunks(self, slots)
-        for _, s in self._batch.examples:
+        self.batch, self._weights = batch_examples(slots, self.special_index), {}
+        w = self.layout.band
+        for ex in self.batch:
+            s, ones = ex.slots, torch.ones(ex.n, dtype=torch.float64, device=self.device)
             self.examples += 1
-            self.coverage.index_add_(0, s, torch.ones_like(s, dtype=torch.float64))
-        for _, _, s, _, _, plan in self._batch:
-            self.band_counts.view(-1).index_add_(0, plan.band_index, _ones(plan.band_index))
-            self.body_counts.index_add_(0, plan.offset[plan.body], _ones(plan.offset[plan.body]))
-            self.far_cells.index_add_(0, plan.offset[plan.far], plan.inverse_far[plan.far])
-            self.cells += plan.inverse.sum()
-            for _, slot in self._special_queries(plan.rows):
-                self.rows_counts[self.special_index[slot]].index_add_(0, s, _ones(s))
-            for _, slot in self._special_queries(s):
-                self.cols_counts[:, self.special_index[slot]].index_add_(0, plan.rows, _ones(plan.rows))
+            self.entries += ex.n**2
+            self.coverage.index_add_(0, s, ones)
+            hit, _, flat = self._band_cells(s, s)
+            self.band_counts.view(-1).index_add_(0, flat.reshape(-1), hit.reshape(-1).double())
+            for _, index in ex.special:
+                self.rows_counts[index].index_add_(0, s, ones)
+                self.cols_counts[:, index].index_add_(0, s, ones)
+            for a0, a1 in self.chunks(ex.n):
+                self.cells += (1.0 / self.layouts.counts_at(s[a0:a1], s).to(self.device)).sum()
+            for r0, r1, c0, c1, offset in ex.blocks(0, ex.n, 0, ex.n):
+                start = offset - (r1 - r0 - 1) + self.max_length - 1
+                diagonal = torch.arange(r1 - r0 + c1 - c0 - 1, device=self.device)
+                lengths = torch.minimum(torch.minimum(diagonal + 1, r1 + c1 - r0 - c0 - 1 - diagonal),
+                                        torch.tensor(min(r1 - r0, c1 - c0), device=self.device))  # fmt: skip
+                self.body_counts[start : start + len(diagonal)] += lengths.double()
+                inverse = self._inverse_counts(ex, r0, r1, c0, c1)  # (R, C)
+                far = self._far(diagonal_sums(inverse[None].double())[0], offset, r1 - r0, w)
+                self.far_cells[start : start + len(diagonal)] += far
 
-    def _special_queries(self, slots: torch.Tensor) -> list[tuple[int, int]]:
-        """(position in ``slots``, slot) of every special slot among ``slots``."""
-        where = self.special[slots].nonzero().squeeze(-1).tolist()
-        return [(p, int(slots[p])) for p in where]
+    def _band_cells(self, rows: torch.Tensor, cols: torch.Tensor):
+        """For every row slot and band offset k: whether ``cols`` (increasing slots) has slot row + k, its position
+        there and the cell's flat index into (L * (2w+1)); each (c, 2w+1)."""
+        w = self.layout.band
+        k = torch.arange(-w, w + 1, device=rows.device)
+        target = rows[:, None] + k[None, :]  # (c, 2w+1) the slots of the band's cells
+        at = torch.searchsorted(cols, target).clamp(max=len(cols) - 1)
+        hit = cols[at] == target
+        return hit, at, rows[:, None] * (2 * w + 1) + k[None, :] + w
 
-    def add(self, layer: int, matrices: torch.Tensor) -> None:
-        """Add one layer's (B, H, N, N) attention probabilities of the current batch."""
-        for e, idx, s, a0, a1, plan in self._batch:
-            a = real_rows(matrices[e], idx, a0, a1).to(self.device, torch.float64)  # (H, c, n)
-            self._add_chunk(layer, a, s, plan)
+    def _inverse_counts(self, ex: Example, r0: int, r1: int, c0: int, c1: int) -> torch.Tensor:
+        """(R, C) float32 1 / counts of a body block's cells (kept for the batch's other layers while they fit)."""
+        key = (id(ex), r0, r1, c0, c1)
+        inverse = self._weights.get(key)
+        if inverse is None:
+            counts = self.layouts.counts_at(ex.slots[r0:r1], ex.slots[c0:c1]).to(self.device)
+            inverse = (1.0 / counts).float()
+            if sum(t.numel() for t in self._weights.values()) * 4 + inverse.numel() * 4 <= WEIGHT_CACHE:
+                self._weights[key] = inverse
+        return inverse
 
-    def _add_chunk(self, layer: int, a: torch.Tensor, s: torch.Tensor, plan: _Plan) -> None:
-        h = a.shape[0]
-        self.band[layer].view(h, -1).index_add_(1, plan.band_index, a[:, plan.band])
-        self.body[layer].index_add_(1, plan.offset[plan.body], a[:, plan.body])
-        for local, slot in self._special_queries(plan.rows):  # (H, n) the special query's row
-            self.rows[layer][:, self.special_index[slot]].index_add_(1, s, a[:, local])
-        for token, slot in self._special_queries(s):  # (H, c) the special key's column
-            self.cols[layer][:, :, self.special_index[slot]].index_add_(1, plan.rows, a[:, :, token])
-        m = a * plan.inverse_far  # (H, c, n) this example's share of the far cells' means
-        self.far[layer].index_add_(1, plan.offset[plan.far], m[:, plan.far])
-        if self.layout.rank:  # without a residual the range sketch is never read
-            self.y[layer].index_add_(1, plan.rows, m @ self.omega[s])  # (H, c, k)
+    @staticmethod
+    def _far(sums: torch.Tensor, offset: int, rows: int, w: int) -> torch.Tensor:
+        """``sums`` (..., R + C - 1) of a block's diagonals with those inside the band (|j - i| <= w) zeroed."""
+        d = offset - (rows - 1) + torch.arange(sums.shape[-1], device=sums.device)
+        return sums.masked_fill(d.abs() <= w, 0.0)
+
+    # -- per layer: the attention ------------------------------------------------------------------------------------
+    def add_block(self, layer: int, e: int, a0: int, a1: int, b0: int, b1: int, p: torch.Tensor) -> None:
+        ex, p = self.batch[e], p.detach()
+        rows, cols = ex.slots[a0:a1], ex.slots[b0:b1]
+        hit, at, flat = self._band_cells(rows, cols)
+        band = p.gather(2, at.expand(p.shape[0], -1, -1)).double() * hit  # (H, c, 2w+1)
+        self.band[layer].view(p.shape[0], -1).index_add_(1, flat.reshape(-1), band.flatten(1))
+        self.band_sq[layer].view(p.shape[0], -1).index_add_(1, flat.reshape(-1), band.square().flatten(1))
+        for pos, index in ex.special:
+            if a0 <= pos < a1:  # a special query's row
+                row = p[:, pos - a0].double()  # (H, m)
+                self.rows[layer][:, index].index_add_(1, cols, row)
+                self.rows_sq[layer][:, index].index_add_(1, cols, row.square())
+            if b0 <= pos < b1:  # a special key's column
+                col = p[:, :, pos - b0].double()  # (H, c)
+                self.cols[layer][:, :, index].index_add_(1, rows, col)
+                self.cols_sq[layer][:, :, index].index_add_(1, rows, col.square())
+        w, length = self.layout.band, self.max_length
+        for r0, r1, c0, c1, offset in ex.blocks(a0, a1, b0, b1):
+            sub = p[:, r0 - a0 : r1 - a0, c0 - b0 : c1 - b0]  # (H, R, C) body cells
+            start = offset - (r1 - r0 - 1) + length - 1
+            buffer = self._buffer(sub)
+            sums = diagonal_sums(sub, buffer).double()  # (H, R + C - 1)
+            self.body[layer][:, start : start + sums.shape[-1]] += sums
+            rows_sq = torch.linalg.vector_norm(sub, dim=-1).square()  # (H, R) in fp32, without an (H, R, C) square
+            self.body_sq[layer] += rows_sq.double().sum(-1)
+            inverse = self._inverse_counts(ex, r0, r1, c0, c1)  # (R, C): this example's share of each cell's mean
+            if self.layout.rank:  # only the residual reads the range sketch: far cells only
+                means = sub * (inverse * far_cells(offset, r1 - r0, c1 - c0, w, p.device))  # (H, R, C)
+                self.y[layer].index_add_(1, ex.slots[r0:r1], (means.double() @ self.omega[ex.slots[c0:c1]]))
+            far = self._far(diagonal_sums(sub, buffer, inverse).double(), offset, r1 - r0, w)
+            self.far[layer][:, start : start + far.shape[-1]] += far
+
+    def _buffer(self, block: torch.Tensor) -> torch.Tensor:
+        """A zeroed shear buffer for blocks of this shape (kept: its unwritten cells stay zero)."""
+        h, r, c = block.shape
+        key = (h, r, c, block.dtype, block.device)
+        if key not in self._buffers:
+            if len(self._buffers) > 8:  # blocks of many shapes (short examples): keep a few
+                self._buffers.clear()
+            self._buffers[key] = block.new_zeros(h, r, r + c - 1)
+        return self._buffers[key]
 
     def reduce(self) -> None:
         """Sum across processes under torch.distributed (every process saw its own examples)."""
         if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
             return
-        sums = (self.band, self.rows, self.cols, self.body, self.far, self.y)
+        sums = (self.band, self.rows, self.cols, self.band_sq, self.rows_sq, self.cols_sq, self.body, self.body_sq)
         counts = (self.band_counts, self.rows_counts, self.cols_counts, self.body_counts, self.far_cells, self.cells)
-        for t in (*sums, *counts, self.coverage):
+        for t in (*sums, self.far, self.y, *counts, self.entries, self.coverage):
             torch.distributed.all_reduce(t)
         n = torch.tensor([float(self.examples)], dtype=torch.float64, device=self.device)
         torch.distributed.all_reduce(n)
         self.examples = int(n.item())
 
 
-class ResidualProjection:
+def far_cells(offset: int, rows: int, cols: int, w: int, device) -> torch.Tensor:
+    """(R, C) whether each cell of a body block whose first cell has offset ``offset`` lies off the band."""
+    return (offset + torch.arange(cols, device=device)[None, :] - torch.arange(rows, device=device)[:, None]).abs() > w
+
+
+class ResidualProjection(BlockSink):
     """The residual's second pass: B = Q^T M (H, k, L) per layer for fixed orthonormal bases Q (layers, H, L, k) of
     the first pass's range sketches (``sketch.py``), streamed like ``StructuredAccumulator.y``: O(n^2 k) per head and
     example, O(L k) memory per head."""
 
     def __init__(self, acc: StructuredAccumulator, q: torch.Tensor):
-        self.acc, self.q = acc, q.to(acc.device, torch.float64)
+        self.acc, self.q, self.chunk = acc, q.to(acc.device, torch.float64), acc.chunk
         layers, heads, length, k = q.shape
         self.b = torch.zeros(layers, heads, k, length, dtype=torch.float64, device=acc.device)
 
     def start_batch(self, slots: torch.Tensor) -> None:
         """Take the batch's slots (B, N) (-1 for padding)."""
-        self._batch = BatchChunks(self.acc, slots)
+        self.batch = self.acc.batch = batch_examples(slots, self.acc.special_index)
+        self.acc._weights = {}
 
-    def add(self, layer: int, matrices: torch.Tensor) -> None:
-        """Add one layer's (B, H, N, N) attention probabilities of the current batch."""
-        for e, idx, s, a0, a1, plan in self._batch:
-            a = real_rows(matrices[e], idx, a0, a1).to(self.acc.device, torch.float64)  # (H, c, n)
-            m = a * plan.inverse_far  # (H, c, n) this example's share of the far cells' means
-            q = self.q[layer][:, plan.rows]  # (H, c, k)
-            self.b[layer].index_add_(2, s, q.transpose(-1, -2) @ m)  # (H, k, n)
+    def add_block(self, layer: int, e: int, a0: int, a1: int, b0: int, b1: int, p: torch.Tensor) -> None:
+        acc, ex = self.acc, self.batch[e]
+        for r0, r1, c0, c1, offset in ex.blocks(a0, a1, b0, b1):
+            sub = p.detach()[:, r0 - a0 : r1 - a0, c0 - b0 : c1 - b0]
+            far = far_cells(offset, r1 - r0, c1 - c0, acc.layout.band, p.device)
+            m = (sub * acc._inverse_counts(ex, r0, r1, c0, c1) * far).double()  # (H, R, C)
+            q = self.q[layer][:, ex.slots[r0:r1]]  # (H, R, k)
+            self.b[layer].index_add_(2, ex.slots[c0:c1], q.transpose(-1, -2) @ m)  # (H, k, C)
 
     def reduce(self) -> torch.Tensor:
         """(layers, H, k, L) B, summed across processes under torch.distributed."""

@@ -150,3 +150,50 @@ def _known_residual(acc: StructuredAccumulator, layer: int, parts: dict, fill: b
     for rows, offset, far in _row_chunks(acc):
         reached = acc.layouts.counts_at(rows, everything) > 0  # (c, L)
         yield rows, torch.where(far & ~reached, far_fill[:, offset], 0.0) - torch.where(far, profile[:, offset], 0.0)
+
+
+def variance_from_sums(acc: StructuredAccumulator, parts: dict) -> torch.Tensor:
+    """(layers, heads) the mean squared deviation of A from the stored constants C~ over every real entry, from the
+    first pass's sums when the layout has no residual (``into_structure.py``).
+
+    Every real entry lies in exactly one stored part: a special column's cell, else a special row's, else a band cell,
+    else a far cell, whose constant is its offset's profile value. Over the entries of one cell (or one far offset),
+    sum (A - C)^2 = S2 - 2 C S1 + n C^2 with S1, S2 the sums of A and A^2 and n the entries; the far cells' S2 is the
+    body cells' minus the band's.
+    """
+    if acc.layout.rank:
+        raise ValueError("with a residual the constants are not the means the sums hold: measure the variance pass")
+    length, w = acc.max_length, acc.layout.band
+    body = ~acc.special.cpu()
+    idx = torch.arange(length)
+    band_j = idx[:, None] + torch.arange(-w, w + 1)[None, :]  # (L, 2w+1)
+    band_body = (band_j >= 0) & (band_j < length) & body[:, None] & body[band_j.clamp(0, length - 1)]
+    far = (torch.arange(2 * length - 1) - (length - 1)).abs() > w  # (2L-1,) offsets of far cells
+
+    def deviation(s1, s2, n, c):  # sum over the entries of each cell of (A - C)^2
+        return s2 - 2 * c * s1 + n * c * c
+
+    out = []
+    for layer in range(acc.band.shape[0]):
+        c = {name: t[layer].double() for name, t in parts.items()}
+        band_sq = acc.band_sq[layer].cpu()  # (H, L, 2w+1)
+        band = deviation(acc.band[layer].cpu(), band_sq, acc.band_counts.cpu(), c["papa_constants_band"])
+        cols = deviation(
+            acc.cols[layer].cpu(), acc.cols_sq[layer].cpu(), acc.cols_counts.cpu(), c["papa_constants_cols"]
+        )
+        rows = deviation(
+            acc.rows[layer].cpu(), acc.rows_sq[layer].cpu(), acc.rows_counts.cpu(), c["papa_constants_rows"]
+        )
+        profile = c["papa_constants_profile"]  # (H, 2L-1)
+        far_sq = acc.body_sq[layer].cpu() - (band_sq * band_body).sum((1, 2))  # (H,)
+        s1, n = acc.body[layer].cpu() * far, acc.body_counts.cpu() * far  # raw sums and entries of far cells
+        total = (
+            (band * band_body).sum((1, 2))
+            + cols.sum((1, 2))
+            + rows[:, :, body].sum((1, 2))
+            + far_sq
+            - 2 * (profile * s1).sum(-1)
+            + (n * profile * profile).sum(-1)
+        )
+        out.append(total / acc.entries.cpu().clamp_min(1.0))
+    return torch.stack(out).clamp_min(0)
