@@ -269,6 +269,9 @@ def rebuild_papa_model(papa, *, trainable_constants: bool = False, storage: str 
         papa_compact_band=None if layout is None else layout.band,
         papa_compact_rank=None if layout is None else layout.rank,
         papa_constants_dtype=str(store).replace("torch.", ""),
+        # the constants are stored anew by this code: its format, never the one the model was loaded in
+        papa_format_version=PAPA_FORMAT_VERSION,
+        papa_surgery_version=__version__,
     )
     new_config = papa_config_class(family.model_type)(**fields)
     cls = papa_model_class(family.model_type, _auto_class_of(papa, family))
