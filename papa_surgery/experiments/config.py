@@ -53,6 +53,8 @@ class SweepConfig:
         distill_options: keyword arguments for ``distill.distill`` (``steps``, ``objective``, ``lr``) of the
             ``distilled`` kind, which distils the calibrated average for each cell's constant heads.
         label: the model's name in the results (default ``model``; e.g. a Hub id for a local copy).
+        trust_remote_code: load ``model`` with the code files it ships (a PAPA checkpoint's ``modeling_papa.py``)
+            instead of papa-surgery's own classes.
     """
 
     model: str
@@ -79,6 +81,7 @@ class SweepConfig:
     distill_options: dict = field(default_factory=dict, hash=False)
     heal_options: dict = field(default_factory=dict, hash=False)
     label: str | None = None
+    trust_remote_code: bool = False
 
     @property
     def model_name(self) -> str:
