@@ -60,6 +60,10 @@ def format_description(d: dict) -> str:
     if d.get("healing"):
         lines.append(f"  healed          {healing_line(d['healing'])}")
     lines.append(f"  format          v{d['format_version']}, papa-surgery {d['papa_surgery_version']}")
+    if d.get("unknown_fields"):
+        lines.append(
+            f"  ignored fields  {', '.join(d['unknown_fields'])} (unknown to this papa-surgery; loading ignores them)"
+        )
     if d["library_versions"]:
         lines.append("  libraries       " + ", ".join(f"{k} {v}" for k, v in sorted(d["library_versions"].items())))
     if d["command"]:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from ..failures import one_line
 from ..hub_code import HUB_CODE_FILES
+from ..hub_code.checkpoint_format import CheckpointFormatError, format_of
 from ..hub_code.families import family_for
 
 REQUIRED_FILES = (
@@ -304,7 +305,8 @@ def describe(folder) -> dict:
         "command": recipe.get("command"),
         "healing": recipe.get("healing"),
         "created": recipe.get("created"),
-        "format_version": config.get("papa_format_version"),
+        "format_version": _format_or_raw(config),
+        "unknown_fields": unknown_fields(config),
         "papa_surgery_version": config.get("papa_surgery_version") or recipe.get("papa_surgery_version"),
         "library_versions": versions,
         "files": files,
@@ -331,15 +333,35 @@ def _heads(value) -> list[list[int]]:
 _LAYER = re.compile(r"\.layers?\.(\d+)\.")
 
 
-def checkpoint_problems(folder: Path, config: dict, num_layers: int, num_heads: int) -> list[str]:
-    """What would stop ``AutoModel.from_pretrained(folder, trust_remote_code=True)`` (empty when it loads).
+def _format_or_raw(config: dict):
+    """The checkpoint's format (1 when ``config.json`` states none), or the stated value this code cannot read."""
+    try:
+        return format_of(config)
+    except CheckpointFormatError as err:
+        return err.found
 
-    Checks what loading relies on: the head list (a list of in-range, distinct ``[layer, head]`` pairs),
-    ``papa_max_length``, one ``(constant heads, L, L)`` constants tensor per layer with constant heads, and
-    every code file the model imports.
+
+def unknown_fields(config: dict) -> list[str]:
+    """``papa_*`` fields of ``config.json`` this papa-surgery does not know (loading names them and ignores them)."""
+    from ..hub_code.configuration_papa import PAPA_FIELDS
+
+    return sorted(k for k in config if k.startswith("papa_") and k not in PAPA_FIELDS)
+
+
+def checkpoint_problems(folder: Path, config: dict, num_layers: int, num_heads: int) -> list[str]:
+    """What would stop ``AutoModel.from_pretrained(folder, trust_remote_code=True)`` or papa-surgery's own classes from
+    loading the folder (empty when it loads).
+
+    Checks what loading relies on: a format this code reads, the head list (a list of in-range, distinct
+    ``[layer, head]`` pairs), ``papa_max_length``, one ``(constant heads, L, L)`` constants tensor per layer with
+    constant heads, and every code file the model imports.
     """
     folder = Path(folder)
     problems = []
+    try:
+        format_of(config)
+    except CheckpointFormatError as err:
+        problems.append(str(err))
     raw = config.get("papa_constant_heads")
     if not isinstance(raw, list):
         problems.append(f"papa_constant_heads is {json.dumps(raw)}, not a list of [layer, head] pairs")
