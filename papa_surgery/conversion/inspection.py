@@ -300,6 +300,7 @@ def describe(folder) -> dict:
         "offset_profile": offset_profile(folder),
         "trainable_constants": bool(config.get("papa_trainable_constants")),
         "corpus": corpus,
+        "sentence_transformers": recipe.get("sentence_transformers"),
         "datasets": hub_datasets(corpus),
         "coverage": recipe.get("coverage"),
         "command": recipe.get("command"),
