@@ -17,6 +17,7 @@ import warnings
 import pytest
 from test_checkpoint import LOADER, _round_trip_every_family_and_auto_class, fresh_python
 from test_compact import _jobs
+from test_trust import assert_shipped_code_gates_the_format
 
 from papa_surgery.hub_code import compat
 from papa_surgery.hub_code.families import FAMILIES
@@ -69,3 +70,12 @@ def test_compact_checkpoints_on_the_newest_transformers(tiny, tmp_path):
     result = fresh_python(LOADER, str(tmp_path / "jobs.json"), cwd=tmp_path, python=python)
     assert "ALL-OK" in result.stdout, result.stdout + result.stderr[-4000:]
     assert len(json.loads((tmp_path / "jobs.json").read_text())) > 0 and sys.executable != python
+
+
+def test_the_format_gate_on_the_newest_transformers(tmp_path):
+    """The shipped code refuses a newer checkpoint format and reads a missing one as format 1 there too."""
+    from fake_hub import build_tiny_checkpoint
+
+    python, _ = newest_python()
+    folder, _, _ = build_tiny_checkpoint(tmp_path / "tiny-papa")
+    assert_shipped_code_gates_the_format(folder, tmp_path, python)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import sys
 import textwrap
 import warnings
 from pathlib import Path
@@ -16,7 +17,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 from fake_hub import build_tiny_checkpoint
-from test_checkpoint import fresh_python
+from test_checkpoint import floor_python, fresh_python
 
 import papa_surgery
 from papa_surgery.cli import main
@@ -86,8 +87,9 @@ def outputs(model, tokenizer) -> torch.Tensor:
         return model(**enc).last_hidden_state
 
 
-def standalone(folder: Path, cwd: Path) -> dict:
-    result = fresh_python(STANDALONE, str(folder), cwd=cwd)
+def standalone(folder: Path, cwd: Path, python: str = sys.executable) -> dict:
+    """What ``AutoModel.from_pretrained(folder, trust_remote_code=True)`` does in a fresh process, no papa-surgery."""
+    result = fresh_python(STANDALONE, str(folder), cwd=cwd, python=python)
     assert result.returncode == 0, result.stderr[-3000:]
     return json.loads(result.stdout.strip().splitlines()[-1])
 
@@ -117,11 +119,25 @@ def test_a_newer_format_is_refused_on_the_command_line_in_its_words(checkpoint, 
     assert "would not load" in inspected.output and f"format v99, newer than the v{FORMAT_VERSION}" in inspected.output
 
 
-def test_the_shipped_code_refuses_a_newer_format_without_papa_surgery(checkpoint, tmp_path):
+def assert_shipped_code_gates_the_format(checkpoint: Path, tmp_path: Path, python: str = sys.executable) -> None:
+    """Format 99 refused, and a config without a format read as format 1, by the shipped code alone."""
     edit_config(checkpoint, papa_format_version=99)
-    result = standalone(checkpoint, tmp_path)
-    assert f"this PAPA checkpoint is format v99, newer than the v{FORMAT_VERSION} this code reads" in result["refused"]
-    assert "pip install -U papa-surgery" in result["refused"] and "revision" in result["refused"]
+    refused = standalone(checkpoint, tmp_path, python)["refused"]
+    assert f"this PAPA checkpoint is format v99, newer than the v{FORMAT_VERSION} this code reads" in refused
+    assert "pip install -U papa-surgery" in refused and "revision" in refused
+    edit_config(checkpoint, papa_format_version=None)
+    assert standalone(checkpoint, tmp_path, python)["format"] == OLDEST_FORMAT
+
+
+def test_the_shipped_code_gates_the_format_without_papa_surgery(checkpoint, tmp_path):
+    assert_shipped_code_gates_the_format(checkpoint, tmp_path)
+
+
+def test_the_shipped_code_gates_the_format_on_the_oldest_supported_transformers(checkpoint, tmp_path):
+    python = floor_python()
+    if python is None:
+        pytest.skip("no floor interpreter: scripts/test.sh makes .venv-floor (or set PAPA_FLOOR_PYTHON)")
+    assert_shipped_code_gates_the_format(checkpoint, tmp_path, python)
 
 
 @pytest.mark.parametrize("value", ["2", 0, True])
@@ -131,11 +147,10 @@ def test_a_format_that_is_no_format_number_is_refused(checkpoint, value):
         papa_surgery.load(str(checkpoint))
 
 
-def test_a_config_without_a_format_reads_as_the_oldest(checkpoint, tmp_path):
+def test_a_config_without_a_format_reads_as_the_oldest(checkpoint):
     edit_config(checkpoint, papa_format_version=None)
     model, _ = papa_surgery.load(str(checkpoint))
     assert model.config.papa_format_version == OLDEST_FORMAT == 1
-    assert standalone(checkpoint, tmp_path)["format"] == OLDEST_FORMAT
     inspected = CliRunner().invoke(main, ["inspect", str(checkpoint)])
     assert inspected.exit_code == 0, inspected.output
     assert "format          v1," in inspected.output
