@@ -111,7 +111,7 @@ class Constants(Compatibility):
 
     def fill(self) -> Constants:
         """These constants with every cell no example reached filled from the measured head
-        (``papa_surgery.coverage.fill_uncovered``); data-free kinds, fully covered grids and constants already
+        (:func:`.coverage.fill_uncovered`); data-free kinds, fully covered grids and constants already
         filled are returned as is.
         """
         from .coverage import FILL_METHOD, fill_uncovered
@@ -130,7 +130,7 @@ class Constants(Compatibility):
         if kind in ANALYSIS_KINDS:
             raise ValueError(f"{kind!r} constants come from papa_surgery.analysis.analysis_constants() on a corpus")
         if kind in TRAINED_KINDS:
-            raise ValueError(f"{kind!r} constants come from papa_surgery.distill.distill() on a corpus")
+            raise ValueError(f"{kind!r} constants come from papa_surgery.healing.distillation.distill() on a corpus")
         if kind == "average":
             raise ValueError(
                 "'average' constants come from calibrate(); data-free kinds: " + ", ".join(DATA_FREE_KINDS)

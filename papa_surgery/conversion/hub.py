@@ -32,7 +32,7 @@ def validate_checkpoint(checkpoint_dir) -> dict:
     wanted = list(dict.fromkeys([*REQUIRED_FILES, *HUB_CODE_FILES]))
     missing = [name for name in wanted if not (folder / name).is_file()]
     if missing:
-        fix = " (write the model card with papa_surgery.card.write_card)" if missing == ["README.md"] else ""
+        fix = " (write the model card with papa_surgery.conversion.card.write_card)" if missing == ["README.md"] else ""
         raise ValueError(f"{folder} is not a complete PAPA checkpoint: missing {', '.join(missing)}{fix}")
     if d["constant_heads"] and not d["constants"]:  # fraction 0 (no constants at all) is valid
         raise ValueError(f"{folder}/model.safetensors has no *papa_constants tensors although heads are constant")

@@ -27,7 +27,7 @@ class SweepConfig:
 
     Attributes:
         model: a Hub id or local folder (source model, or a PAPA checkpoint probed as it is).
-        tasks: registered task names (``papa_surgery.probe.tasks.TASKS``).
+        tasks: registered task names (``papa_surgery.tasks.registry.TASKS``).
         fractions: shares of heads made constant (0 = the source, 1 = attention-free); default the paper's Fig. 2.
         seeds: how many seeds (``3`` -> 0, 1, 2) or the seeds themselves.
         kinds: constant kinds (``papa_surgery.registry.SWEEP_KINDS``: ``average`` = calibrated, the data-free

@@ -101,7 +101,7 @@ def finetune(
         model: a PAPA model (any fraction) or a source model; it is saved, reloaded with a fresh head, and
             left unchanged.
         tokenizer: its tokenizer.
-        task: a registered task name (``papa_surgery.probe.tasks.TASKS``) or a :class:`Task`; not ``mlm``.
+        task: a registered task name (``papa_surgery.tasks.registry.TASKS``) or a :class:`Task`; not ``mlm``.
         options: hyperparameters (``None`` fields take the task's defaults, see ``FinetuneOptions``).
         seed: seeds the head's initialisation, batch order and dropout.
         data_dir: local files laid out like ``../shared/data``; ``None`` reads the Hub dataset.
