@@ -324,3 +324,16 @@ def test_every_command_that_loads_a_model_takes_trust_remote_code(command):
 @pytest.mark.parametrize("command", ["inspect", "push", "report"])
 def test_commands_that_load_no_model_do_not(command):
     assert "--trust-remote-code" not in CliRunner().invoke(main, [command, "--help"]).output
+
+
+def test_inspect_asks_for_the_code_files_a_checkpoint_itself_imports(checkpoint):
+    """A checkpoint saved before a sibling file existed (here: before compat.py) is complete with what its own code
+    imports; a file its code imports and the folder lacks is named."""
+    (checkpoint / "compat.py").unlink()
+    for name in ("modeling_papa.py", "configuration_papa.py"):
+        path = checkpoint / name
+        path.write_text("".join(ln for ln in path.read_text().splitlines(True) if not ln.startswith("from .compat")))
+    assert CliRunner().invoke(main, ["inspect", str(checkpoint)]).exit_code == 0
+    (checkpoint / "slot_plan.py").unlink()
+    result = CliRunner().invoke(main, ["inspect", str(checkpoint)])
+    assert result.exit_code == 1 and "missing model code slot_plan.py" in result.output

@@ -263,6 +263,19 @@ def _heads(value) -> list[list[int]]:
 _LAYER = re.compile(r"\.layers?\.(\d+)\.")
 
 
+def shipped_code_files(folder: Path) -> list[str]:
+    """The code files a checkpoint needs: its entry files and the siblings they import, by its own code (a checkpoint
+    saved by an older papa-surgery ships fewer files than ``hub_code`` holds now); today's list when it has none."""
+    entries = ("configuration_papa.py", "modeling_papa.py")
+    if not all((Path(folder) / name).is_file() for name in entries):
+        return list(HUB_CODE_FILES)
+    names = set(entries)
+    for name in entries:
+        text = (Path(folder) / name).read_text(encoding="utf-8")
+        names |= {f"{module}.py" for module in re.findall(r"^from \.(\w+) import", text, flags=re.MULTILINE)}
+    return sorted(names)
+
+
 def _format_or_raw(config: dict):
     """The checkpoint's format (1 when ``config.json`` states none), or the stated value this code cannot read."""
     try:
@@ -308,7 +321,7 @@ def checkpoint_problems(folder: Path, config: dict, num_layers: int, num_heads: 
     if not isinstance(length, int) or isinstance(length, bool) or length < 1:
         problems.append(f"papa_max_length is {json.dumps(length)}, not a positive integer")
         length = None
-    missing_code = [name for name in HUB_CODE_FILES if not (folder / name).is_file()]
+    missing_code = [name for name in shipped_code_files(folder) if not (folder / name).is_file()]
     if missing_code:
         problems.append(f"missing model code {', '.join(missing_code)} (copy it from papa_surgery/hub_code)")
     if not (folder / "model.safetensors").is_file():
