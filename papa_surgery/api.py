@@ -42,6 +42,7 @@ def load(
     revision: str | None = None,
     dtype: str | None = None,
     device: str | None = None,
+    trust_remote_code: bool = False,
 ) -> tuple[nn.Module, Any]:
     """``(model, tokenizer)`` of a source model or a PAPA checkpoint, in eval mode.
 
@@ -51,6 +52,7 @@ def load(
         revision: a Hub revision.
         dtype: ``"fp32"``, ``"fp16"`` or ``"bf16"`` (default: as stored).
         device: where to put the model.
+        trust_remote_code: run the code files the model ships; by default papa-surgery's own classes load it.
 
     Raises:
         ValueError: an architecture papa-surgery does not support (the message lists those it does), or a device
@@ -59,10 +61,8 @@ def load(
     from .models.loading import load_source
     from .models.sources import resolve_model
 
-    RunOptions(device=device)  # an unavailable device is refused in plain words before the weights load
-    return load_source(
-        resolve_model(name_or_path), auto_class=auto_class, revision=revision, dtype=dtype, device=device
-    )
+    RunOptions(device=device, trust_remote_code=trust_remote_code)  # refused in plain words before the weights load
+    return load_source(resolve_model(name_or_path), auto_class, revision, dtype, device, trust_remote_code)
 
 
 def _workflow(model, tokenizer, source_name=None, run: RunOptions | None = None, progress: bool = True):

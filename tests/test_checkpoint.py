@@ -122,7 +122,7 @@ def floor_python() -> str | None:
 
 def test_round_trip_on_the_oldest_supported_transformers(tiny, tmp_path):
     """Checkpoints saved here load and compute the same under the declared floor (TRANSFORMERS_FLOOR)."""
-    from papa_surgery.hub_code.configuration_papa import TRANSFORMERS_FLOOR
+    from papa_surgery.hub_code.compat import TRANSFORMERS_FLOOR
 
     python = floor_python()
     if python is None:

@@ -40,7 +40,7 @@ def test_unreachable_hub_is_one_clear_line_without_retries(tmp_path, monkeypatch
     assert "Retry" not in result.output
 
 
-def test_loading_a_checkpoint_trusts_its_code_for_the_tokenizer_too(tmp_path, monkeypatch):
+def test_loading_a_checkpoint_runs_none_of_its_code_for_the_tokenizer_either(tmp_path, monkeypatch):
     import transformers
 
     from papa_surgery.models.loading import load_source
@@ -54,5 +54,6 @@ def test_loading_a_checkpoint_trusts_its_code_for_the_tokenizer_too(tmp_path, mo
         return real(*args, **kwargs)
 
     monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", spy)
-    load_source(str(folder))
-    assert seen.get("trust_remote_code") is True
+    model, _ = load_source(str(folder))
+    assert type(model).__module__ == "papa_surgery.hub_code.modeling_papa"  # the library's class, not the folder's
+    assert seen.get("trust_remote_code") is False  # and the tokenizer reads the config with it too, never asking

@@ -17,8 +17,9 @@ import warnings
 import pytest
 from test_checkpoint import LOADER, _round_trip_every_family_and_auto_class, fresh_python
 from test_compact import _jobs
+from test_trust import assert_shipped_code_gates_the_format
 
-from papa_surgery.hub_code import configuration_papa
+from papa_surgery.hub_code import compat
 from papa_surgery.hub_code.families import FAMILIES
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -26,21 +27,21 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 def test_an_older_transformers_is_refused_with_the_release_needed():
     with pytest.raises(ImportError, match=r"needs transformers>=5\.0, but transformers 4\.57\.1 is installed"):
-        configuration_papa.check_transformers_version("4.57.1")
+        compat.check_transformers_version("4.57.1")
 
 
 def test_a_newer_transformers_loads_with_one_warning(monkeypatch):
-    monkeypatch.setattr(configuration_papa, "_warned_untested", False)
+    monkeypatch.setattr(compat, "_warned_untested", False)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # any warning within the tested range fails here
-        configuration_papa.check_transformers_version("5.0.0")
-        configuration_papa.check_transformers_version("5.99.0")
+        compat.check_transformers_version("5.0.0")
+        compat.check_transformers_version("5.99.0")
     with pytest.warns(UserWarning, match=r"tested with transformers>=5\.0,<6\.0; transformers 6\.0\.0rc1 is newer"):
-        configuration_papa.check_transformers_version("6.0.0rc1")
+        compat.check_transformers_version("6.0.0rc1")
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # once per process
-        configuration_papa.check_transformers_version("6.1.0")
-        configuration_papa.check_transformers_version("7.0.0")
+        compat.check_transformers_version("6.1.0")
+        compat.check_transformers_version("7.0.0")
 
 
 def newest_python() -> tuple[str, tuple[int, int]]:
@@ -69,3 +70,12 @@ def test_compact_checkpoints_on_the_newest_transformers(tiny, tmp_path):
     result = fresh_python(LOADER, str(tmp_path / "jobs.json"), cwd=tmp_path, python=python)
     assert "ALL-OK" in result.stdout, result.stdout + result.stderr[-4000:]
     assert len(json.loads((tmp_path / "jobs.json").read_text())) > 0 and sys.executable != python
+
+
+def test_the_format_gate_on_the_newest_transformers(tmp_path):
+    """The shipped code refuses a newer checkpoint format and reads a missing one as format 1 there too."""
+    from fake_hub import build_tiny_checkpoint
+
+    python, _ = newest_python()
+    folder, _, _ = build_tiny_checkpoint(tmp_path / "tiny-papa")
+    assert_shipped_code_gates_the_format(folder, tmp_path, python)

@@ -2,7 +2,7 @@
 
 As analyses (:func:`analyze`: per-head JSON summaries and figures) and as PAPA variants: constant kinds
 ``norm-average`` and ``effective-average`` (:func:`analysis_constants`) and the score table of the ``norm``
-ranking (:func:`norm_scores`; ``papa_surgery.rank_methods.norm_ranking`` makes the ranking). Analyses
+ranking (:func:`norm_scores`; ``papa_surgery.ranking.methods.norm_ranking`` makes the ranking). Analyses
 return score tables and never import ``ranking``.
 """
 

@@ -1,6 +1,6 @@
 """Streaming corpus averages of norm-weighted and effective attention, in the slot layout of calibration.
 
-One pass over the corpus, like :func:`papa_surgery.calibrate.calibrate` and with its accumulator (fp64
+One pass over the corpus, like :func:`papa_surgery.calibration.average.calibrate` and with its accumulator (fp64
 sums per (layer, head, slot_i, slot_j), examples grouped by slot layout, deterministic scatter):
 
 - ``norm-average``: the average of the norm-weighted matrices alpha_ij ||f_h(x_j)|| (a constant head
@@ -134,7 +134,7 @@ def stream(
 ) -> AnalysisState:
     """One pass over ``corpus`` accumulating ``which`` ("norms" or "effective") in the slot layout.
 
-    Args mirror :func:`papa_surgery.calibrate.calibrate`; ``with_attention`` also averages plain A (as
+    Args mirror :func:`papa_surgery.calibration.average.calibrate`; ``with_attention`` also averages plain A (as
     calibration does), ``with_categories`` gathers the per-token-category sums, ``rtol`` is the rank
     tolerance of effective attention.
     """

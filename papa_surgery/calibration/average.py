@@ -55,7 +55,7 @@ def calibrate(
             attention in eval mode and any dtype, with fp64 accumulation, then gets back its attention
             implementation, train/eval mode and device).
         tokenizer: its tokenizer.
-        corpus: anything :func:`papa_surgery.corpus.load_corpus` accepts.
+        corpus: anything :func:`papa_surgery.calibration.corpus.load_corpus` accepts.
         max_length: L, the slot count (``--max-length``).
         pairs: examples are sentence pairs (middle separator at slot L/2).
         batch_size: examples per forward pass (under torch.distributed each process runs whole batches of it).

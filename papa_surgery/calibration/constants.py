@@ -104,7 +104,7 @@ class Constants(ConstantsBase):
 
     def fill(self) -> Constants:
         """These constants with every cell no example reached filled from the measured head
-        (``papa_surgery.coverage.fill_uncovered``); data-free kinds, fully covered grids and constants already
+        (:func:`.coverage.fill_uncovered`); data-free kinds, fully covered grids and constants already
         filled are returned as is.
         """
         from .coverage import FILL_METHOD, fill_uncovered

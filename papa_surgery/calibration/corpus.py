@@ -15,7 +15,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from ..failures import ArgumentTypeError, spell
+from ..failures import ArgumentTypeError, one_line, spell
 
 TEXT_COLUMNS = ("text", "sentence", "content", "document")
 PAIR_COLUMNS = (("sentence1", "sentence2"), ("premise", "hypothesis"), ("question", "sentence"), ("text_a", "text_b"))
@@ -302,22 +302,26 @@ def default_corpus(max_examples: int | None = None) -> Corpus:
     """The one default calibration corpus, wherever a corpus is not given (API, CLI, sweeps' ``default``).
 
     The first ``DEFAULT_HUB_EXAMPLES`` (2,000) lines of WikiText-103 train (``DEFAULT_HUB_CORPUS``) through
-    ``datasets``, streamed; offline (``HF_HUB_OFFLINE=1``, or the Hub does not answer one quick request,
-    asked once per process) the bundled WikiText-2 excerpt, said in one line. ``max_examples`` caps either.
+    ``datasets``, streamed, or the first ``max_examples``; offline (``HF_HUB_OFFLINE=1``, or the Hub does not answer
+    one quick request, asked once per process) the bundled WikiText-2 excerpt, said in one line, as is a Hub corpus
+    that cannot be read. The description (which the recipe and the card record) says which corpus and why.
     """
-    limit = DEFAULT_HUB_EXAMPLES if max_examples is None else min(max_examples, DEFAULT_HUB_EXAMPLES)
+    limit = DEFAULT_HUB_EXAMPLES if max_examples is None else max_examples
     why = _hub_unavailable()
     if why is None:
         try:
-            return load_corpus(DEFAULT_HUB_CORPUS, max_examples=limit)
-        except ValueError as err:
-            why = f"WikiText-103 could not be opened ({str(err).splitlines()[0][:200]})"
+            corpus = load_corpus(DEFAULT_HUB_CORPUS, max_examples=limit)
+        except Exception as err:  # the Hub, datasets or the stream failing: said below, and recorded
+            why = f"WikiText-103 could not be opened ({one_line(err)[:200]})"
+        else:
+            cap = "the default corpus's length; max_examples to change" if max_examples is None else "max_examples"
+            return dataclasses.replace(corpus, description=f"{corpus.description}, first {limit:,} lines ({cap})")
     corpus = bundled_corpus(max_examples)
     if why not in _SAID:
         _SAID.add(why)
         log = logger.info if why == OFFLINE else logger.warning
         log("%s: calibrating on the bundled WikiText-2 excerpt (%s); pass a corpus to choose", why, corpus.description)
-    return corpus
+    return dataclasses.replace(corpus, description=f"{corpus.description} (the default corpus's stand-in: {why})")
 
 
 OFFLINE = "HF_HUB_OFFLINE=1"

@@ -189,6 +189,7 @@ def heal(ctx, checkpoint, out, overwrite, **kwargs):
 @click.argument("model")
 @click.argument("analysis", type=click.Choice(("norms", "effective")))
 @click_options(AnalyzeOptions)
+@click_options(RunOptions, only=("trust_remote_code",))
 @click.option("--out", required=True, type=click.Path(file_okay=False), help="Output folder (JSON + figures).")
 @verbosity
 @click.pass_context
@@ -197,6 +198,8 @@ def analyze(ctx, model, analysis, out, **kwargs):
     """Norm-based (Kobayashi 2020) or effective (Brunner 2020) attention analysis."""
     from ..workflow.jobs import run_analyze
 
-    target = run_analyze(model, analysis, from_kwargs(AnalyzeOptions, kwargs), out, progress=progress_of(ctx))
+    options = from_kwargs(AnalyzeOptions, kwargs)
+    trust = kwargs["trust_remote_code"]
+    target = run_analyze(model, analysis, options, out, progress=progress_of(ctx), trust_remote_code=trust)
     for path in sorted(target.iterdir()) if is_main_process() else ():
         click.echo(f"wrote {path}")

@@ -13,6 +13,7 @@ from ..options import (
     HEAL_WITH_SOURCE,
     FinetuneOptions,
     HealOptions,
+    RunOptions,
     SweepOptions,
     click_options,
     from_kwargs,
@@ -21,7 +22,7 @@ from ..options import (
 from .context import progress_of, verbosity
 
 
-def _sweep_config(model_or_dir: str, sweep: SweepOptions, heal: HealOptions | None = None):
+def _sweep_config(model_or_dir: str, sweep: SweepOptions, heal: HealOptions | None = None, trust: bool = False):
     from ..experiments.config import SweepConfig
     from ..models.sources import EMBEDDED_HUB_ID, resolve_model
 
@@ -43,6 +44,7 @@ def _sweep_config(model_or_dir: str, sweep: SweepOptions, heal: HealOptions | No
         tasks=tuple(sweep.tasks),
         fractions=tuple(sweep.fractions),
         seeds=tuple(range(sweep.seeds)),
+        trust_remote_code=trust,
         **({"kinds": tuple(sweep.kinds)} if sweep.kinds else {}),
         **({"methods": tuple(sweep.methods)} if sweep.methods else {}),
         **options,
@@ -64,6 +66,11 @@ def _summary(rows: list, before: int, path) -> str:
     return f"{len(rows)} rows of this sweep ({total - before} new) in {path}, which holds {total} rows"
 
 
+def trust_option(command):
+    """``--trust-remote-code`` (:class:`~papa_surgery.options.RunOptions`): run the model's own code files."""
+    return click_options(RunOptions, only=("trust_remote_code",))(command)
+
+
 def heal_options(command):
     """``--heal-steps N`` (and the other ``--heal-*``): each kind's converted model is also healed and scored."""
     return click_options(HealOptions, prefix="heal", only=HEAL_WITH_SOURCE, switch="steps")(command)
@@ -72,6 +79,7 @@ def heal_options(command):
 @click.command()
 @click.argument("model_or_dir")
 @click_options(SweepOptions)
+@trust_option
 @heal_options
 @verbosity
 @click.pass_context
@@ -85,7 +93,8 @@ def probe(ctx, model_or_dir, **kwargs):
     from ..experiments.sweep import run_sweep
 
     sweep = from_kwargs(SweepOptions, kwargs)
-    config = _sweep_config(model_or_dir, sweep, optional_group(HealOptions, kwargs, "heal", "steps"))
+    heal = optional_group(HealOptions, kwargs, "heal", "steps")
+    config = _sweep_config(model_or_dir, sweep, heal, kwargs["trust_remote_code"])
     before = _rows_in(sweep.out)
     rows = run_sweep(config, sweep.out, progress=progress_of(ctx))
     click.echo(_summary(rows, before, sweep.out))
@@ -95,6 +104,7 @@ def probe(ctx, model_or_dir, **kwargs):
 @click.argument("model_or_dir")
 @click_options(SweepOptions)
 @click_options(FinetuneOptions)
+@trust_option
 @heal_options
 @verbosity
 @click.pass_context
@@ -112,7 +122,8 @@ def finetune(ctx, model_or_dir, **kwargs):
     from ..experiments.sweep import run_sweep
 
     sweep = from_kwargs(SweepOptions, kwargs)
-    config = _sweep_config(model_or_dir, sweep, optional_group(HealOptions, kwargs, "heal", "steps"))
+    heal = optional_group(HealOptions, kwargs, "heal", "steps")
+    config = _sweep_config(model_or_dir, sweep, heal, kwargs["trust_remote_code"])
     before = _rows_in(sweep.out)
     rows = run_sweep(
         config, sweep.out, progress=progress_of(ctx), job=FinetuneJob(config, from_kwargs(FinetuneOptions, kwargs))

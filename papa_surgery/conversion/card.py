@@ -11,7 +11,13 @@ from __future__ import annotations
 from pathlib import Path
 
 from .. import report
-from .description import calibrated_on_text, format_coverage, offset_profile_text, shorter_than_source_text
+from .description import (
+    calibrated_on_text,
+    format_coverage,
+    offset_profile_text,
+    sentence_transformers_text,
+    shorter_than_source_text,
+)
 from .healed import healing_table
 from .inspection import describe
 
@@ -153,6 +159,7 @@ def render_card(
         shorter_text=shorter_than_source_text(d),
         calibrated_on=calibrated_on_text(d),
         corpus_text=corpus_text.replace("|", "\\|"),
+        sentence_transformers=sentence_transformers_text(d).replace("|", "\\|"),
         coverage_text=format_coverage(d["coverage"]).replace("|", "\\|") if d["coverage"] else "not recorded",
         covered_text=covered_text(d["coverage"], int(d["max_length"])),
         constants_dtype=d["constants_dtype"],

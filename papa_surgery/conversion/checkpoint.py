@@ -81,14 +81,16 @@ def save_checkpoint(
 
     with staged_dir(out_dir, overwrite=overwrite, check=check) as tmp:
         model.save_pretrained(tmp)  # the PAPA classes are registered for auto classes: code files ride along
+        recipe = dict(recipe or {})
         if tokenizer is not None:
             save_tokenizer(tokenizer, tmp, int(model.config.papa_max_length))
-            copy_sentence_transformers_files(tokenizer.name_or_path, tmp, int(model.config.papa_max_length))
-        (tmp / "papa_recipe.json").write_text(json.dumps(recipe or {}, indent=2, default=str) + "\n")
+            length = int(model.config.papa_max_length)
+            recipe["sentence_transformers"] = copy_sentence_transformers_files(tokenizer.name_or_path, tmp, length)
+        (tmp / "papa_recipe.json").write_text(json.dumps(recipe, indent=2, default=str) + "\n")
         if card:
             from .card import write_card
 
-            write_card(tmp, results=results, command=(recipe or {}).get("command"))
+            write_card(tmp, results=results, command=recipe.get("command"))
     return out_dir
 
 

@@ -57,9 +57,15 @@ def format_description(d: dict) -> str:
         )
     if d["coverage"]:
         lines.append(f"  coverage        {format_coverage(d['coverage'])}")
+    if sentence_transformers_text(d):
+        lines.append(f"  sentence-transformers  {sentence_transformers_text(d)}")
     if d.get("healing"):
         lines.append(f"  healed          {healing_line(d['healing'])}")
     lines.append(f"  format          v{d['format_version']}, papa-surgery {d['papa_surgery_version']}")
+    if d.get("unknown_fields"):
+        lines.append(
+            f"  ignored fields  {', '.join(d['unknown_fields'])} (unknown to this papa-surgery; loading ignores them)"
+        )
     if d["library_versions"]:
         lines.append("  libraries       " + ", ".join(f"{k} {v}" for k, v in sorted(d["library_versions"].items())))
     if d["command"]:
@@ -99,6 +105,20 @@ def shorter_than_source_text(d: dict) -> str:
         f"{slots + 1} to {length} tokens, which the source takes, are refused (a tokenizer with truncation=True and a "
         f"sentence-transformers pipeline cut them at {slots})"
     )
+
+
+def sentence_transformers_text(d: dict) -> str:
+    """Whether the source was taken for a sentence-transformers model, what was kept, and why (empty: not recorded,
+    as in recipes written before papa-surgery recorded it)."""
+    record = d.get("sentence_transformers")
+    if not isinstance(record, dict):
+        return ""
+    why = record.get("why") or "not recorded why"
+    if record.get("model") is None:
+        return f"unknown: {why}; the checkpoint has no sentence-transformers files"
+    if record.get("model"):
+        return f"yes ({why}): kept {', '.join(record.get('files') or []) or 'nothing'}, max_seq_length at most L"
+    return f"no ({why})"
 
 
 def calibrated_on_text(d: dict) -> str:

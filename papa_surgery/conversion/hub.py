@@ -15,9 +15,8 @@ import tempfile
 from pathlib import Path
 
 from ..failures import one_line
-from ..hub_code import HUB_CODE_FILES
 from .card import REPO_PLACEHOLDER
-from .inspection import REQUIRED_FILES, describe
+from .inspection import REQUIRED_FILES, describe, shipped_code_files
 
 LOGIN_HINT = "run `huggingface-cli login` (or `hf auth login`), or set HF_TOKEN, or pass token="
 IGNORE_PATTERNS = ["__pycache__/*", "**/__pycache__/*", "*.pyc", ".ipynb_checkpoints/*", ".DS_Store"]
@@ -29,10 +28,10 @@ def validate_checkpoint(checkpoint_dir) -> dict:
     d = describe(folder)  # ValueError when this is not a PAPA checkpoint at all
     if d["problems"]:
         raise ValueError(f"{folder} would not load: {'; '.join(d['problems'])}; convert it again")
-    wanted = list(dict.fromkeys([*REQUIRED_FILES, *HUB_CODE_FILES]))
+    wanted = list(dict.fromkeys([*REQUIRED_FILES, *shipped_code_files(folder)]))
     missing = [name for name in wanted if not (folder / name).is_file()]
     if missing:
-        fix = " (write the model card with papa_surgery.card.write_card)" if missing == ["README.md"] else ""
+        fix = " (write the model card with papa_surgery.conversion.card.write_card)" if missing == ["README.md"] else ""
         raise ValueError(f"{folder} is not a complete PAPA checkpoint: missing {', '.join(missing)}{fix}")
     if d["constant_heads"] and not d["constants"]:  # fraction 0 (no constants at all) is valid
         raise ValueError(f"{folder}/model.safetensors has no *papa_constants tensors although heads are constant")

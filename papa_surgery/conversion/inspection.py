@@ -12,7 +12,9 @@ from pathlib import Path
 
 from ..failures import one_line
 from ..hub_code import HUB_CODE_FILES
+from ..hub_code.checkpoint_format import CheckpointFormatError, format_of
 from ..hub_code.families import family_for
+from .hub_facts import auto_class_for, base_model_id, hub_datasets, pipeline_tag_for, source_facts
 
 REQUIRED_FILES = (
     "config.json",
@@ -23,15 +25,6 @@ REQUIRED_FILES = (
     "README.md",
 )
 CONSTANTS_SUFFIX = "papa_constants"
-
-_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
-
-_PIPELINE_TAGS = {
-    "ForMaskedLM": "fill-mask",
-    "ForSequenceClassification": "text-classification",
-    "ForTokenClassification": "token-classification",
-    "ForQuestionAnswering": "question-answering",
-}
 
 
 def read_config(folder: Path) -> dict:
@@ -60,51 +53,6 @@ def read_recipe(folder: Path) -> dict:
     if not path.is_file():
         return {}
     return json.loads(path.read_text(encoding="utf-8"))
-
-
-def base_model_id(source: dict, name: str | None) -> str | None:
-    """The Hub id to declare as ``base_model``: the model the source derives from (``source.base_model``, which
-    is the source itself when it is a Hub model), else ``source.hub_id``, else a ``namespace/name`` source."""
-    for candidate in (source.get("base_model"), source.get("hub_id")):
-        if candidate and is_hub_id(candidate):
-            return candidate
-    if name and "/" in name and is_hub_id(name) and not Path(name).exists():
-        return name
-    return None
-
-
-def source_facts(config: dict, source: dict) -> tuple[str | None, bool]:
-    """(the source's name to show, whether it is a local model), from ``papa_recipe.json``'s ``source``.
-
-    Recipes written before local sources were named kept ``"local model"`` and the folder's ``local_name``.
-    """
-    name = config.get("papa_source_model") or source.get("model")
-    if source.get("model") == "local model":
-        return source.get("local_name") or config.get("papa_source_model"), True
-    return name, bool(source.get("local")) and not source.get("hub_id")
-
-
-def is_hub_id(name: str | None) -> bool:
-    """Whether ``name`` looks like a Hub repo id (``org/name`` or ``name``), not a local path."""
-    return bool(name) and bool(_HUB_ID.match(name)) and not name.startswith((".", "/")) and ".." not in name
-
-
-def pipeline_tag_for(architectures) -> str:
-    """Hub pipeline tag of a checkpoint's model class (``feature-extraction`` for the bare encoder)."""
-    for arch in architectures or []:
-        for suffix, tag in _PIPELINE_TAGS.items():
-            if arch.endswith(suffix):
-                return tag
-    return "feature-extraction"
-
-
-def auto_class_for(architectures) -> str:
-    """The ``transformers`` auto class that loads a checkpoint's model class."""
-    for arch in architectures or []:
-        for suffix in (*_PIPELINE_TAGS, "ForMultipleChoice"):
-            if arch.endswith(suffix):
-                return f"AutoModel{suffix}"
-    return "AutoModel"
 
 
 def constants_header(folder: Path) -> dict[str, list[int]]:
@@ -220,24 +168,6 @@ def offset_profile(folder: Path) -> list[tuple[int, float]]:
     return [(d, float((mean[length - 1 + d] + mean[length - 1 - d]) / 2)) for d in distances]
 
 
-def hub_datasets(corpus: dict) -> list[str]:
-    """Hub datasets a calibration corpus came from (``hub_dataset`` or a ``name[:config]:split:column`` spec)."""
-    names = []
-    description = str(corpus.get("description") or "")
-    if description.startswith("Hub dataset "):  # corpus.load_corpus's description of a Hub spec
-        spec = description[len("Hub dataset ") :].split()[0]
-        if is_hub_id(spec.split(":")[0]):
-            names.append(spec.split(":")[0])
-    for key in ("hub_dataset", "dataset", "spec", "source"):
-        value = corpus.get(key)
-        if not isinstance(value, str) or not value:
-            continue
-        name = value.split(":")[0] if value.count(":") >= 2 else (value if key == "hub_dataset" else "")
-        if is_hub_id(name) and not Path(name).exists():
-            names.append(name)
-    return sorted(set(names))
-
-
 def describe(folder) -> dict:
     """The facts of a PAPA checkpoint folder as a plain dict (see :func:`.description.format_description`)."""
     folder = Path(folder)
@@ -303,12 +233,14 @@ def describe(folder) -> dict:
         "offset_profile": offset_profile(folder),
         "trainable_constants": bool(config.get("papa_trainable_constants")),
         "corpus": corpus,
+        "sentence_transformers": recipe.get("sentence_transformers"),
         "datasets": hub_datasets(corpus),
         "coverage": recipe.get("coverage"),
         "command": recipe.get("command"),
         "healing": recipe.get("healing"),
         "created": recipe.get("created"),
-        "format_version": config.get("papa_format_version"),
+        "format_version": _format_or_raw(config),
+        "unknown_fields": unknown_fields(config),
         "papa_surgery_version": config.get("papa_surgery_version") or recipe.get("papa_surgery_version"),
         "library_versions": versions,
         "files": files,
@@ -335,15 +267,48 @@ def _heads(value) -> list[list[int]]:
 _LAYER = re.compile(r"\.layers?\.(\d+)\.")
 
 
-def checkpoint_problems(folder: Path, config: dict, num_layers: int, num_heads: int) -> list[str]:
-    """What would stop ``AutoModel.from_pretrained(folder, trust_remote_code=True)`` (empty when it loads).
+def shipped_code_files(folder: Path) -> list[str]:
+    """The code files a checkpoint needs: its entry files and the siblings they import, by its own code (a checkpoint
+    saved by an older papa-surgery ships fewer files than ``hub_code`` holds now); today's list when it has none."""
+    entries = ("configuration_papa.py", "modeling_papa.py")
+    if not all((Path(folder) / name).is_file() for name in entries):
+        return list(HUB_CODE_FILES)
+    names = set(entries)
+    for name in entries:
+        text = (Path(folder) / name).read_text(encoding="utf-8")
+        names |= {f"{module}.py" for module in re.findall(r"^from \.(\w+) import", text, flags=re.MULTILINE)}
+    return sorted(names)
 
-    Checks what loading relies on: the head list (a list of in-range, distinct ``[layer, head]`` pairs),
-    ``papa_max_length``, one ``(constant heads, L, L)`` constants tensor per layer with constant heads, and
-    every code file the model imports.
+
+def _format_or_raw(config: dict):
+    """The checkpoint's format (1 when ``config.json`` states none), or the stated value this code cannot read."""
+    try:
+        return format_of(config)
+    except CheckpointFormatError as err:
+        return err.found
+
+
+def unknown_fields(config: dict) -> list[str]:
+    """``papa_*`` fields of ``config.json`` this papa-surgery does not know (loading names them and ignores them)."""
+    from ..hub_code.configuration_papa import PAPA_FIELDS
+
+    return sorted(k for k in config if k.startswith("papa_") and k not in PAPA_FIELDS)
+
+
+def checkpoint_problems(folder: Path, config: dict, num_layers: int, num_heads: int) -> list[str]:
+    """What would stop ``AutoModel.from_pretrained(folder, trust_remote_code=True)`` or papa-surgery's own classes from
+    loading the folder (empty when it loads).
+
+    Checks what loading relies on: a format this code reads, the head list (a list of in-range, distinct
+    ``[layer, head]`` pairs), ``papa_max_length``, one ``(constant heads, L, L)`` constants tensor per layer with
+    constant heads, and every code file the model imports.
     """
     folder = Path(folder)
     problems = []
+    try:
+        format_of(config)
+    except CheckpointFormatError as err:
+        problems.append(str(err))
     raw = config.get("papa_constant_heads")
     if not isinstance(raw, list):
         problems.append(f"papa_constant_heads is {json.dumps(raw)}, not a list of [layer, head] pairs")
@@ -360,7 +325,7 @@ def checkpoint_problems(folder: Path, config: dict, num_layers: int, num_heads: 
     if not isinstance(length, int) or isinstance(length, bool) or length < 1:
         problems.append(f"papa_max_length is {json.dumps(length)}, not a positive integer")
         length = None
-    missing_code = [name for name in HUB_CODE_FILES if not (folder / name).is_file()]
+    missing_code = [name for name in shipped_code_files(folder) if not (folder / name).is_file()]
     if missing_code:
         problems.append(f"missing model code {', '.join(missing_code)} (copy it from papa_surgery/hub_code)")
     if not (folder / "model.safetensors").is_file():

@@ -10,43 +10,103 @@ files around it are copied, with ``max_seq_length`` capped at the constants' slo
 from __future__ import annotations
 
 import json
+import logging
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
+
+from ..failures import one_line
 
 # Top-level files of a sentence-transformers folder besides the encoder's own.
 ST_FILES = ("modules.json", "sentence_bert_config.json", "config_sentence_transformers.json")
+logger = logging.getLogger("papa_surgery")
+_SAID: set[tuple[str, str]] = set()  # (source, why) already warned about: once per process
 
 
-def sentence_transformers_folder(source: str | Path | None, revision: str | None = None) -> Path | None:
-    """The folder holding ``source``'s sentence-transformers files, or ``None`` if it is not such a model.
+@dataclass(frozen=True)
+class Detection:
+    """Whether a source is a sentence-transformers model, and how that is known.
 
-    A local folder is read as it is; a Hub id is fetched with only those small files (and its module
-    folders' configs), never the weights.
+    Attributes:
+        folder: the folder holding its sentence-transformers files (``None``: not such a model, or not known).
+        known: ``False`` when its files could not be read (offline and not cached, a gated or missing repository):
+            it is then treated as a plain transformers model, which the warning and the recipe say.
+        why: in words, what was found or why it could not be checked.
+    """
+
+    folder: Path | None
+    known: bool
+    why: str
+
+    def record(self, copied: list[str]) -> dict:
+        """The recipe's ``sentence_transformers`` entry: the answer, what was kept, and why."""
+        return {"model": (self.folder is not None) if self.known else None, "files": copied, "why": self.why}
+
+
+def detect_sentence_transformers(source: str | Path | None, revision: str | None = None) -> Detection:
+    """Whether ``source`` is a sentence-transformers model (``modules.json``), and where its files are.
+
+    A local folder is read as it is; a Hub id is fetched with only those small files (and its module folders'
+    configs), never the weights. When a Hub id's files cannot be read the answer is unknown: one warning (once per
+    source and cause) says so and what it changes; nothing falls back in silence.
     """
     if not source:
-        return None
+        return Detection(None, True, "no source named")
     path = Path(str(source))
     if path.is_dir():
-        return path if (path / "modules.json").is_file() else None
+        found = (path / "modules.json").is_file()
+        return Detection(path if found else None, True, f"its folder has {'' if found else 'no '}modules.json")
     if str(source).startswith(("/", ".", "~")):
-        return None
+        return Detection(None, True, "not a folder or a Hub id")
+    from huggingface_hub import constants, snapshot_download
+
+    from ..models.loading import hub_reachable
+
+    offline = "HF_HUB_OFFLINE=1" if constants.HF_HUB_OFFLINE else None
+    offline = offline or (None if hub_reachable() else "the Hub does not answer")  # then the cache, no retries
     try:
-        from huggingface_hub import constants, snapshot_download
-
-        from ..models.loading import hub_reachable
-
-        offline = constants.HF_HUB_OFFLINE or not hub_reachable()  # the cache only: no retries against a silent Hub
         folder = Path(
             snapshot_download(
                 str(source),
                 revision=revision,
                 allow_patterns=[*ST_FILES, "*/config.json", "*/*.json"],
-                local_files_only=offline,
+                local_files_only=bool(offline),
             )
         )
-    except Exception:  # offline, gated, or not on the Hub: a plain transformers model then
-        return None
-    return folder if (folder / "modules.json").is_file() else None
+    except Exception as err:  # not in the cache while offline, gated, not on the Hub: unknown, and said
+        return _unknown(source, f"{offline} and its files are not in the cache" if offline else one_line(err)[:200])
+    found = (folder / "modules.json").is_file()
+    if not found and offline and not _known_absent(str(source), revision):
+        return _unknown(source, f"{offline} and the cache does not say whether it has modules.json")
+    return Detection(folder if found else None, True, f"its Hub repository has {'' if found else 'no '}modules.json")
+
+
+def _known_absent(repo_id: str, revision: str | None) -> bool:
+    """Whether the cache recorded that ``repo_id`` has no ``modules.json`` (an earlier download found none)."""
+    from huggingface_hub import try_to_load_from_cache
+
+    cached = try_to_load_from_cache(repo_id, "modules.json", revision=revision)
+    return cached is not None and not isinstance(cached, str)  # a path: present; None: never asked
+
+
+def _unknown(source, cause: str) -> Detection:
+    why = f"could not be checked ({cause})"
+    if (str(source), why) not in _SAID:
+        _SAID.add((str(source), why))
+        logger.warning(
+            "whether %s is a sentence-transformers model %s: it is treated as a plain transformers model (no pooling "
+            "or normalisation files kept, L from its tokenizer), as the recipe records; run once online or pass a "
+            "local folder to keep them",
+            source,
+            why,
+        )
+    return Detection(None, False, why)
+
+
+def sentence_transformers_folder(source: str | Path | None, revision: str | None = None) -> Path | None:
+    """The folder holding ``source``'s sentence-transformers files, or ``None`` if it is not such a model (or that
+    could not be checked, which :func:`detect_sentence_transformers` warns about)."""
+    return detect_sentence_transformers(source, revision).folder
 
 
 def sentence_transformers_max_length(source: str | Path | None) -> int | None:
@@ -59,15 +119,17 @@ def sentence_transformers_max_length(source: str | Path | None) -> int | None:
     return int(value) if isinstance(value, int) and value > 0 else None
 
 
-def copy_sentence_transformers_files(source: str | Path | None, out_dir: str | Path, max_length: int) -> list[str]:
-    """Copy the sentence-transformers files of ``source`` into ``out_dir``; the names copied ([] if none).
+def copy_sentence_transformers_files(source: str | Path | None, out_dir: str | Path, max_length: int) -> dict:
+    """Copy the sentence-transformers files of ``source`` into ``out_dir``; the recipe's record of it
+    (:meth:`Detection.record`: whether ``source`` is such a model, the names copied, and why).
 
     ``max_seq_length`` in ``sentence_bert_config.json`` becomes at most ``max_length`` (L), so
     ``SentenceTransformer.encode`` truncates inputs to what the constant attention covers.
     """
-    folder = sentence_transformers_folder(source)
+    detection = detect_sentence_transformers(source)
+    folder = detection.folder
     if folder is None:
-        return []
+        return detection.record([])
     out_dir = Path(out_dir)
     copied = []
     modules = json.loads((folder / "modules.json").read_text(encoding="utf-8"))
@@ -88,7 +150,7 @@ def copy_sentence_transformers_files(source: str | Path | None, out_dir: str | P
     config_path.write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
     if "sentence_bert_config.json" not in copied:
         copied.append("sentence_bert_config.json")
-    return copied
+    return detection.record(copied)
 
 
 def _tokenizer_max_length(folder: Path) -> int | None:

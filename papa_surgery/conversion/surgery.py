@@ -72,7 +72,7 @@ def build_papa_model(source, config, constants: dict[int, torch.Tensor] | None =
         source: the source model (never changed), of the auto class the PAPA model should have.
         config: its PAPA config (:func:`papa_config`).
         constants: ``{layer: (Hc, L, L)}`` for each layer's constant heads, in head order; zeros if absent.
-            A config with a compact layout stores them as compact parts (``papa_surgery.compact``); a layer's
+            A config with a compact layout stores them as compact parts (``calibration.compaction``); a layer's
             entry may also be those parts already (``{name: (Hc, ...)}``, from structured calibration), stored as
             they are, so no (L, L) matrix is ever built.
         unused: prefixes of weights the caller never reads (the encoder's pooler in a lambda model), zeros
@@ -165,7 +165,7 @@ def convert(
         trainable_constants: give the constants gradients (the paper's "labeled" matrices).
         source_name: the source's Hub id, for provenance and the compatibility check.
         storage: ``dense`` (L x L per head), ``compact`` (band, special slots, relative-offset profile and a
-            low-rank residual; ``papa_surgery.compact``) or ``auto`` (dense up to L=128, compact above). The
+            low-rank residual; ``calibration.compaction``) or ``auto`` (dense up to L=128, compact above). The
             returned model already computes with the compacted matrices, exactly as the checkpoint will.
         compact_band, compact_rank: the compact layout's band half-width and residual rank (defaults 16, 16).
 
@@ -244,6 +244,9 @@ def rebuild_papa_model(papa, *, trainable_constants: bool = False, storage: str 
         papa_compact_band=None if layout is None else layout.band,
         papa_compact_rank=None if layout is None else layout.rank,
         papa_constants_dtype=str(store).replace("torch.", ""),
+        # the constants are stored anew by this code: its format, never the one the model was loaded in
+        papa_format_version=PAPA_FORMAT_VERSION,
+        papa_surgery_version=__version__,
     )
     new_config = papa_config_class(family.model_type)(**fields)
     cls = papa_model_class(family.model_type, _auto_class_of(papa, family))

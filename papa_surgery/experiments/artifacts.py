@@ -70,16 +70,18 @@ class SweepArtifacts:
         self.flow: Workflow | None = None
 
     # ---------------------------------------------------------------------------------------- loading
+    def _load_kwargs(self) -> dict:
+        cfg = self.config
+        return {"dtype": cfg.dtype, "device": cfg.device, "trust_remote_code": cfg.trust_remote_code}
+
     def load(self, need_mlm: bool) -> None:
         from ..models.loading import load_source
 
         cfg = self.config
         if self.model is None and need_mlm:
-            self.model, self.tokenizer = load_source(
-                cfg.model, "AutoModelForMaskedLM", dtype=cfg.dtype, device=cfg.device
-            )
+            self.model, self.tokenizer = load_source(cfg.model, "AutoModelForMaskedLM", **self._load_kwargs())
         elif self.model is None:
-            self.model, self.tokenizer = load_source(cfg.model, dtype=cfg.dtype, device=cfg.device)
+            self.model, self.tokenizer = load_source(cfg.model, **self._load_kwargs())
         elif cfg.device is not None:
             self.model.to(cfg.device)
         self.model.eval()

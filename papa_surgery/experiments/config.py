@@ -27,7 +27,7 @@ class SweepConfig:
 
     Attributes:
         model: a Hub id or local folder (source model, or a PAPA checkpoint probed as it is).
-        tasks: registered task names (``papa_surgery.probe.tasks.TASKS``).
+        tasks: registered task names (``papa_surgery.tasks.registry.TASKS``).
         fractions: shares of heads made constant (0 = the source, 1 = attention-free); default the paper's Fig. 2.
         seeds: how many seeds (``3`` -> 0, 1, 2) or the seeds themselves.
         kinds: constant kinds (``papa_surgery.registry.SWEEP_KINDS``: ``average`` = calibrated, the data-free
@@ -53,6 +53,8 @@ class SweepConfig:
         distill_options: keyword arguments for ``distill.distill`` (``steps``, ``objective``, ``lr``) of the
             ``distilled`` kind, which distils the calibrated average for each cell's constant heads.
         label: the model's name in the results (default ``model``; e.g. a Hub id for a local copy).
+        trust_remote_code: load ``model`` with the code files it ships (a PAPA checkpoint's ``modeling_papa.py``)
+            instead of papa-surgery's own classes.
     """
 
     model: str
@@ -79,6 +81,7 @@ class SweepConfig:
     distill_options: dict = field(default_factory=dict, hash=False)
     heal_options: dict = field(default_factory=dict, hash=False)
     label: str | None = None
+    trust_remote_code: bool = False
 
     @property
     def model_name(self) -> str:

@@ -249,4 +249,4 @@ def healing_summary(record: dict) -> dict:
 def _config_of(config: SweepConfig):
     from ..models.loading import load_config
 
-    return load_config(config.model)
+    return load_config(config.model, trust_remote_code=config.trust_remote_code)

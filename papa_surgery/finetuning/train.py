@@ -1,8 +1,8 @@
 """Fine-tune a (converted) model end to end on a task with ``transformers.Trainer``, and measure its cost.
 
 The model is saved and reloaded with the family's stock head class, exactly as a user fine-tunes a
-published checkpoint: ``AutoModelForSequenceClassification.from_pretrained(folder, num_labels=...,
-trust_remote_code=True)`` (token tasks: ``AutoModelForTokenClassification``), with a freshly initialised
+published checkpoint: ``AutoModelForSequenceClassification.from_pretrained(folder, num_labels=...)`` (token tasks:
+``AutoModelForTokenClassification``; a PAPA model by papa-surgery's own registered classes), with a freshly initialised
 head seeded by ``seed``. The model passed in is never changed. The constant heads' matrices stay frozen
 buffers unless ``trainable_constants``.
 """
@@ -18,6 +18,8 @@ import numpy as np
 import torch
 
 from ..distributed import broadcast_from_main, is_main_process, world_size
+from ..models.families import is_papa_config
+from ..models.papa_classes import register_papa_classes
 from ..options import ArgumentError, FinetuneOptions, spell
 from ..probing.features import token_ids
 from ..probing.run import slot_count
@@ -99,7 +101,7 @@ def finetune(
         model: a PAPA model (any fraction) or a source model; it is saved, reloaded with a fresh head, and
             left unchanged.
         tokenizer: its tokenizer.
-        task: a registered task name (``papa_surgery.probe.tasks.TASKS``) or a :class:`Task`; not ``mlm``.
+        task: a registered task name (``papa_surgery.tasks.registry.TASKS``) or a :class:`Task`; not ``mlm``.
         options: hyperparameters (``None`` fields take the task's defaults, see ``FinetuneOptions``).
         seed: seeds the head's initialisation, batch order and dropout.
         data_dir: local files laid out like ``../shared/data``; ``None`` reads the Hub dataset.
@@ -154,12 +156,14 @@ def finetune(
     names = list(task.label_names)
     set_seed(seed)  # the fresh head's initialisation
     extra = {"papa_trainable_constants": True} if opts.trainable_constants else {}
+    if is_papa_config(model.config):  # the folder papa-surgery just wrote is read by its own classes, not its files
+        register_papa_classes(model.config.model_type)
     net = head_class.from_pretrained(
         folder,
         num_labels=task.num_labels,
         id2label=dict(enumerate(names)),
         label2id={n: i for i, n in enumerate(names)},
-        trust_remote_code=True,
+        trust_remote_code=False,
         **extra,
     )
     trainable, total = parameter_counts(net)

@@ -10,12 +10,12 @@ special slots ([CLS], separators), and the rest varies smoothly with the offset 
 - ``papa_constants_profile`` (Hc, 2L-1) and ``papa_constants_u``/``papa_constants_v`` (Hc, L, r): every other
   cell as the head's relative-offset (Toeplitz) profile plus a rank-r residual.
 
-The library fits this form once at conversion (``papa_surgery.compact``), and the converted model computes with
-the rebuilt matrices from then on, so what was evaluated is exactly what a checkpoint computes. The rebuild is
-pure tensor arithmetic (traceable) and costs Hc * L * L * r multiply-adds per layer, independent of the batch;
-eager forwards reuse the rebuilt matrices until a part changes.
+The library fits this form once at conversion (``papa_surgery.calibration.compaction``), and the converted model
+computes with the rebuilt matrices from then on, so what was evaluated is exactly what a checkpoint computes. The
+rebuild is pure tensor arithmetic (traceable) and costs Hc * L * L * r multiply-adds per layer, independent of the
+batch; eager forwards reuse the rebuilt matrices until a part changes.
 
-This file ships inside every PAPA checkpoint: it imports only torch.
+This file ships inside every PAPA checkpoint: it imports only torch and siblings.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .checkpoint_format import format_of
 from .slots import is_tracing
 
 COMPACT_PARTS = (
@@ -65,7 +66,7 @@ class CompactLayout:
             return None
         length = int(config.papa_max_length)
         pairs = getattr(config, "papa_calibrated_on", None) == "pairs"
-        clamped = int(getattr(config, "papa_format_version", 2) or 1) < 2
+        clamped = format_of(config) < 2  # a config without a format is format 1 (checkpoint_format.py)
         return cls(length, int(band), int(rank), special_slots(length, pairs), clamped)
 
     def shapes(self, heads: int) -> dict[str, tuple[int, ...]]:

@@ -5,26 +5,17 @@ config class of a family is built on first use (``papa_config_class``, or by nam
 ``__getattr__``, which is what ``auto_map`` and unpickling do), so a checkpoint imports only its own
 family's transformers module.
 
-This file ships inside every PAPA checkpoint: it imports only transformers and siblings.
+This file ships inside every PAPA checkpoint: it imports only its siblings (transformers through them).
 """
 
 from __future__ import annotations
 
-import re
-import warnings
-
-import transformers
-
+from .checkpoint_format import FORMAT_VERSION, read_papa_fields
+from .compat import TRANSFORMERS_CEILING, TRANSFORMERS_FLOOR, check_transformers_version
 from .families import FAMILIES, family_for
 
-PAPA_FORMAT_VERSION = 2
-
-# The transformers releases this code is tested against: [floor, ceiling). Older releases are refused (the code
-# uses what they lack); newer ones load with a warning, so a published checkpoint keeps working the day a new
-# major release ships (scripts/test-newest.sh runs the loading tests on the newest release PyPI serves).
-TRANSFORMERS_FLOOR = (5, 0)
-TRANSFORMERS_CEILING = (6, 0)
-_warned_untested = False
+PAPA_FORMAT_VERSION = FORMAT_VERSION  # the format this code writes (checkpoint_format.py holds the format facts)
+__all__ = ["PAPA_FIELDS", "PAPA_FORMAT_VERSION", "TRANSFORMERS_CEILING", "TRANSFORMERS_FLOOR", "papa_config_class"]
 
 # Field -> (type, default). Declared once; every family's config gets the same fields. On transformers
 # releases whose configs are dataclasses they become dataclass fields; on older ones, class defaults.
@@ -48,30 +39,6 @@ PAPA_FIELDS: dict[str, tuple[object, object]] = {
 }
 
 
-def check_transformers_version(version: str | None = None) -> None:
-    """Refuse, with the release needed, a transformers older than the floor; warn once about one past the
-    tested range (a ``UserWarning``: the checkpoint loads, but nobody has checked its outputs there)."""
-    global _warned_untested
-    version = version or transformers.__version__
-    match = re.match(r"(\d+)\.(\d+)", version)
-    found = tuple(int(x) for x in match.groups()) if match else (0, 0)
-    floor, ceiling = ".".join(map(str, TRANSFORMERS_FLOOR)), ".".join(map(str, TRANSFORMERS_CEILING))
-    if found < TRANSFORMERS_FLOOR:
-        raise ImportError(
-            f"this PAPA checkpoint needs transformers>={floor}, but transformers {version} is installed: "
-            f'pip install -U "transformers>={floor}"'
-        )
-    if found >= TRANSFORMERS_CEILING and not _warned_untested:
-        _warned_untested = True
-        warnings.warn(
-            f"this PAPA checkpoint's code was tested with transformers>={floor},<{ceiling}; transformers {version} "
-            f"is newer: it should load, but if its outputs look wrong, compare with "
-            f'pip install "transformers>={floor},<{ceiling}"',
-            UserWarning,
-            stacklevel=2,
-        )
-
-
 check_transformers_version()
 
 
@@ -89,9 +56,22 @@ def papa_config_class(model_type: str) -> type:
             **{field: default for field, (_, default) in PAPA_FIELDS.items()},
         }
         cls = type(name, (base,), attrs)
+        cls.from_dict = _gated_from_dict(cls)
         cls.register_for_auto_class("AutoConfig")
         globals()[name] = cls
     return globals()[name]
+
+
+def _gated_from_dict(papa_class: type):
+    """``from_dict`` of ``papa_class``: the family config's (how every saved config is read, by ``from_pretrained``
+    and the auto classes) behind the format gate (``checkpoint_format.py``): a newer format is refused, a missing
+    version is the oldest, unknown ``papa_*`` fields are named in one warning and dropped."""
+
+    def from_dict(cls, config_dict: dict, **kwargs):
+        """The family config's ``from_dict`` behind the PAPA format gate (``checkpoint_format.py``)."""
+        return super(papa_class, cls).from_dict(read_papa_fields(config_dict, PAPA_FIELDS), **kwargs)
+
+    return classmethod(from_dict)
 
 
 def __getattr__(name: str):

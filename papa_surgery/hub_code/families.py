@@ -3,7 +3,7 @@
 Each entry says where a family's self-attention modules are, how their projections are named, which
 PAPA attention style replaces them and which transformers classes the checkpoint's auto classes wrap.
 It ships inside every PAPA checkpoint (imports only the standard library), and
-``papa_surgery.architectures`` builds the library-side checks on top of it.
+``papa_surgery.models.families`` builds the library-side checks on top of it.
 """
 
 from __future__ import annotations

@@ -25,11 +25,12 @@ from collections import defaultdict
 
 import torch
 from torch import nn
-from transformers import initialization as init
 
 # Every sibling file is imported here by name: transformers before 5.23 copies only the entry file's own
 # relative imports into its module cache when loading a checkpoint folder, not theirs.
+from .checkpoint_format import format_of
 from .compact_constants import COMPACT_PARTS, CompactLayout
+from .compat import AttentionResolutionMixin, zeros_unless_loaded
 from .configuration_papa import papa_config_class
 from .constant_heads import constant_attention  # noqa: F401  (imported for the copy only)
 from .families import FAMILIES, family_for
@@ -75,6 +76,7 @@ def _head_dim(config, num_heads: int) -> int:
 def apply_papa(model: nn.Module) -> None:
     """Turn ``model``'s self-attention modules into PAPA attention per its config, in place (construction)."""
     config = model.config
+    format_of(config)  # a config built by hand in a format this code cannot read is refused here too
     family = family_for(config.model_type)
     num_heads = int(getattr(config, family.heads_attr))
     head_dim = _head_dim(config, num_heads)
@@ -116,7 +118,7 @@ def _rebuilt(cls: type, old: nn.Module, config) -> nn.Module:
     return new.to(dtype=param.dtype)
 
 
-class PapaModelMixin:
+class PapaModelMixin(AttentionResolutionMixin):
     """Put in front of a transformers model class: PAPA attention from ``config.papa_constant_heads``."""
 
     def post_init(self):
@@ -130,7 +132,7 @@ class PapaModelMixin:
         for name in ("papa_constants", "papa_lambda_logits", *COMPACT_PARTS):
             tensor = getattr(module, name, None)
             if isinstance(tensor, torch.Tensor):
-                init.zeros_(tensor)
+                zeros_unless_loaded(tensor)
 
     def save_pretrained(self, save_directory, *args, **kwargs):
         """transformers' ``save_pretrained`` (and so ``push_to_hub``), plus ``papa_recipe.json`` when the model
@@ -147,15 +149,16 @@ class PapaModelMixin:
     def papa_uses_interface(self) -> bool:
         return family_for(self.config.model_type).style == "interface"
 
-    def get_correct_attn_implementation(self, requested_attention: str | None, is_init_check: bool = False) -> str:
-        """Resolve the requested implementation as the source would, then wrap it in PAPA attention.
+    def papa_underlying_attention(self, requested: str | None) -> str | None:
+        """The implementation to resolve for ``attn_implementation=requested``: ``"papa_sdpa"`` means ``"sdpa"``."""
+        if isinstance(requested, str) and requested.startswith(PAPA_PREFIX):
+            return requested[len(PAPA_PREFIX) :]
+        return requested
 
-        ``attn_implementation="sdpa"`` (or ``"papa_sdpa"``) runs the kept heads with sdpa and the constant
-        heads as constant attention; the same for eager and the flash implementations.
-        """
-        if isinstance(requested_attention, str) and requested_attention.startswith(PAPA_PREFIX):
-            requested_attention = requested_attention[len(PAPA_PREFIX) :]
-        resolved = super().get_correct_attn_implementation(requested_attention, is_init_check)
+    def papa_wrapped_attention(self, resolved: str) -> str:
+        """What the model runs for the resolved implementation: ``attn_implementation="sdpa"`` (or ``"papa_sdpa"``)
+        runs the kept heads with sdpa and the constant heads as constant attention; the same for eager and the
+        flash implementations (``compat.AttentionResolutionMixin`` calls both)."""
         return PAPA_PREFIX + resolved if self.papa_uses_interface else resolved
 
     def papa_slots(

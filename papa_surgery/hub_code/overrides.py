@@ -25,6 +25,7 @@ from contextvars import ContextVar
 import torch
 from torch import nn
 
+from .compat import relative_position_bias
 from .constant_heads import constant_attention
 from .heads import PapaHeads, combine_heads, select_heads
 from .papa_attention import add_constants
@@ -78,6 +79,18 @@ class _OverrideMixin:
         return ctx, combine_heads(kept_w, const_p, heads, dim=1, lambda_logits=logits)  # (B, H, N, N)
 
 
+def _batch_heads(x: torch.Tensor, heads: int) -> torch.Tensor:
+    """(B, N, heads*d) -> (B*heads, N, d): DeBERTa v2's batched-heads layout for ``torch.bmm``."""
+    b, n, _ = x.shape
+    return x.view(b, n, heads, -1).permute(0, 2, 1, 3).contiguous().view(b * heads, n, -1)
+
+
+def _score_scale(query: torch.Tensor, scale_factor: int) -> torch.Tensor:
+    """sqrt(d * scale_factor) as a float32 scalar tensor, the divisor DeBERTa's scores use (one per position type
+    the scores add: content, c2p, p2c)."""
+    return torch.sqrt(torch.tensor(query.size(-1), dtype=torch.float) * scale_factor)
+
+
 class MPNetAttentionMixin(_OverrideMixin):
     """MPNet: softmax in the module with a per-head relative position bias (kept heads' slice)."""
 
@@ -127,8 +140,6 @@ class DebertaV2AttentionMixin(_OverrideMixin):
         relative_pos=None,
         rel_embeddings=None,
     ):
-        from transformers.models.deberta_v2.modeling_deberta_v2 import scaled_size_sqrt
-
         heads = self.papa_heads
         b, n, _ = hidden_states.shape
         d, h, hk = heads.head_dim, heads.num_heads, len(heads.kept)
@@ -136,14 +147,14 @@ class DebertaV2AttentionMixin(_OverrideMixin):
         kept_ctx = kept_w = None
         if hk:
             q_in = hidden_states if query_states is None else query_states
-            q = self.transpose_for_scores(self.query_proj(q_in), hk)  # (B*Hk, N, d)
-            k = self.transpose_for_scores(self.key_proj(hidden_states), hk)  # (B*Hk, N, d)
+            q = _batch_heads(self.query_proj(q_in), hk)  # (B*Hk, N, d)
+            k = _batch_heads(self.key_proj(hidden_states), hk)  # (B*Hk, N, d)
             scale_factor = 1 + ("c2p" in self.pos_att_type) + ("p2c" in self.pos_att_type)
-            scale = scaled_size_sqrt(q, scale_factor)
+            scale = _score_scale(q, scale_factor)
             scores = torch.bmm(q, k.transpose(-1, -2) / scale.to(dtype=q.dtype))  # (B*Hk, N, N)
             if self.relative_attention:
                 rel = self.pos_dropout(rel_embeddings)
-                scores = scores + self.disentangled_attention_bias(q, k, relative_pos, rel, scale_factor)
+                scores = scores + relative_position_bias(self, q, k, relative_pos, rel, scale_factor)
             scores = scores.view(-1, hk, n, n)  # (B, Hk, N, N)
             scores = scores.masked_fill(~attention_mask.bool(), torch.finfo(q.dtype).min)
             kept_w = self.dropout(nn.functional.softmax(scores, dim=-1))
@@ -190,8 +201,6 @@ class DebertaAttentionMixin(_OverrideMixin):
         relative_pos=None,
         rel_embeddings=None,
     ):
-        from transformers.models.deberta.modeling_deberta import scaled_size_sqrt
-
         if query_states is not None:
             raise NotImplementedError("PAPA DeBERTa attention does not support query_states (z_steps > 1)")
         heads = self.papa_heads
@@ -210,13 +219,13 @@ class DebertaAttentionMixin(_OverrideMixin):
 
         kept_ctx = kept_w = None
         if hk:
-            q = q + self.transpose_for_scores(self.q_bias[None, None, :])
+            q = q + self.q_bias.view(1, 1, hk, d).permute(0, 2, 1, 3)  # (1, Hk, 1, d) bias of the kept heads
             scale_factor = 1 + len(self.pos_att_type)
-            q = q / scaled_size_sqrt(q, scale_factor).to(dtype=q.dtype)
+            q = q / _score_scale(q, scale_factor).to(dtype=q.dtype)
             scores = torch.matmul(q, k.transpose(-1, -2))  # (B, Hk, N, N)
             if self.relative_attention and rel_embeddings is not None and relative_pos is not None:
                 rel = self.pos_dropout(rel_embeddings)
-                scores = scores + self.disentangled_att_bias(q, k, relative_pos, rel, scale_factor)
+                scores = scores + relative_position_bias(self, q, k, relative_pos, rel, scale_factor)
             scores = scores.masked_fill(~attention_mask.bool(), torch.finfo(q.dtype).min)
             kept_w = self.dropout(nn.functional.softmax(scores, dim=-1))
             v_k = value if heads.mixed else select_heads(value, heads.kept, h)

@@ -38,13 +38,13 @@ This file ships inside every PAPA checkpoint: it imports only torch, transformer
 from __future__ import annotations
 
 import functools
-import sys
 from collections.abc import Sequence
 
 import torch
 from torch import nn
 
 from .compact_constants import add_compact_constants
+from .compat import eager_attention, family_function, fused_attention_forward
 from .constant_heads import constant_attention
 from .heads import PapaHeads, combine_heads, select_heads
 from .shrink import no_heads, shrink_fused, shrink_grouped, shrink_projections
@@ -114,7 +114,7 @@ def setup_interface_attention(
 def _base_function(module: nn.Module, base: str):
     """The underlying attention function: the family's own eager function, or a registered one."""
     if base == "eager":
-        return getattr(module, "papa_eager", None) or sys.modules[type(module).__module__].eager_attention_forward
+        return getattr(module, "papa_eager", None) or eager_attention(type(module))
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
     return ALL_ATTENTION_FUNCTIONS[base]
@@ -208,40 +208,18 @@ class PapaFusedAttentionMixin:
     """
 
     def forward(self, hidden_states, position_embeddings=None, attention_mask=None, **kwargs):
-        from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-
-        b, n = hidden_states.shape[:2]
-        d = self.papa_heads.head_dim
-        query, key, value = (x.view(b, n, -1, d).transpose(1, 2) for x in self.Wqkv(hidden_states))  # (B, H*, N, d)
-        if self.papa_heads.kept:
-            cos, sin = position_embeddings
-            query, key = self.papa_rotary(query, key, cos, sin, unsqueeze_dim=1)
-        attention = ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation, self.papa_eager)
-        out, weights = attention(
-            self,
-            query,
-            key,
-            value,
-            attention_mask,
-            dropout=self.attention_dropout if self.training else 0.0,
-            scaling=d**-0.5,
-            sliding_window=self.sliding_window,
-            deterministic=self.deterministic_flash_attn,
-            **kwargs,
-        )
-        out = out.reshape(b, n, -1).contiguous()  # (B, N, H d)
-        return self.out_drop(self.Wo(out)), weights
+        # The family's steps read its module's internals: compat.py keeps them in one place.
+        return fused_attention_forward(self, hidden_states, position_embeddings, attention_mask, **kwargs)
 
 
 def fused_attention_class(family, base: type) -> type:
     """``Papa<Family>Attention(PapaFusedAttentionMixin, <the family's attention>)``, built on first use."""
     name = f"{family.papa_prefix}Attention"
     if name not in globals():
-        module = sys.modules[base.__module__]
         attrs = {
             "__module__": __name__,
-            "papa_rotary": staticmethod(getattr(module, family.rotary)),
-            "papa_eager": staticmethod(module.eager_attention_forward),
+            "papa_rotary": staticmethod(family_function(base, family.rotary)),
+            "papa_eager": staticmethod(eager_attention(base)),
         }
         globals()[name] = type(name, (PapaFusedAttentionMixin, base), attrs)
     return globals()[name]

@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 
 from ..failures import one_line
-from .families import get_family, is_papa_config
+from .families import get_family
 
 logger = logging.getLogger("papa_surgery")
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
@@ -61,23 +61,56 @@ def public_name(source: str | None) -> str | None:
     return str(source)
 
 
-def load_config(name_or_path: str, revision: str | None = None, local_files_only: bool | None = None):
-    """The config of a supported source model or PAPA checkpoint (ValueError naming the model and the fix)."""
+def load_config(
+    name_or_path: str,
+    revision: str | None = None,
+    local_files_only: bool | None = None,
+    trust_remote_code: bool = False,
+):
+    """The config of a supported source model or PAPA checkpoint (ValueError naming the model and the fix).
+
+    A PAPA checkpoint's config is read by papa-surgery's own classes (:mod:`.papa_classes`), through the format
+    gate; with ``trust_remote_code=True`` by the configuration code the checkpoint ships, which the user chose to run.
+    """
     from transformers import AutoConfig
+
+    from ..hub_code.checkpoint_format import CheckpointFormatError
+    from .papa_classes import is_papa_model_type, library_format_error, register_papa_classes, shipped_config_class
 
     if local_files_only is None:
         local_files_only = check_model_location(name_or_path)
+    hub = {"revision": revision, "local_files_only": local_files_only}
     try:
-        config = AutoConfig.from_pretrained(
-            name_or_path,
-            revision=revision,
-            trust_remote_code=_is_papa_dir(name_or_path),
-            local_files_only=local_files_only,
-        )
+        config_dict = _config_dict(name_or_path, hub)
+        if not is_papa_model_type(config_dict.get("model_type")):
+            config = AutoConfig.from_pretrained(name_or_path, trust_remote_code=trust_remote_code, **hub)
+        elif trust_remote_code:
+            config = shipped_config_class(name_or_path, config_dict, **hub).from_pretrained(name_or_path, **hub)
+        else:
+            config = register_papa_classes(config_dict["model_type"]).from_pretrained(name_or_path, **hub)
     except OSError as err:  # not on the Hub, not in the cache, no config.json
         raise ValueError(_not_found(name_or_path, err, local_files_only)) from err
+    except CheckpointFormatError as err:  # papa-surgery's classes cannot read it: refused, never run by other code
+        if trust_remote_code:
+            raise
+        raise library_format_error(name_or_path, err) from None
     get_family(config)  # unsupported architecture -> ValueError listing the supported ones
     return config
+
+
+def _config_dict(name_or_path: str, hub: dict) -> dict:
+    """``config.json`` as a dict, from a folder or the Hub (OSError when there is none)."""
+    import json
+
+    from transformers import PreTrainedConfig
+
+    path = Path(name_or_path) / "config.json"
+    if not path.is_file():
+        return PreTrainedConfig.get_config_dict(name_or_path, **hub)[0]
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as err:
+        raise ValueError(f"{path} is not valid JSON ({err}); re-save the model") from None
 
 
 EMBEDDED_NAMES = ("minilm", "embedded")
@@ -180,41 +213,34 @@ def _not_found(name: str, err: Exception, local_only: bool) -> str:
     return f"could not load model {name!r}: {first}"
 
 
-def _is_papa_dir(name_or_path: str) -> bool:
-    import json
-
-    cfg = Path(name_or_path) / "config.json"
-    if not cfg.is_file():
-        return False
-    try:
-        return str(json.loads(cfg.read_text(encoding="utf-8")).get("model_type", "")).startswith("papa_")
-    except (ValueError, UnicodeDecodeError) as err:
-        raise ValueError(f"{cfg} is not valid JSON ({err}); re-save the model") from None
-
-
 def load_source(
     name_or_path: str,
     auto_class: str = "AutoModel",
     revision: str | None = None,
     dtype: str | torch.dtype | None = None,
     device: str | None = None,
+    trust_remote_code: bool = False,
     **model_kwargs,
 ):
     """(model, tokenizer) for a Hub id or local folder of a supported family, in eval mode.
 
-    PAPA checkpoints load too (``trust_remote_code`` is enabled only for them).
+    PAPA checkpoints load with papa-surgery's own classes, never with the code files in the folder or repository,
+    unless ``trust_remote_code=True`` asks for them (see :mod:`.papa_classes`); a source model's remote code, too,
+    runs only then.
     """
     import transformers
 
     local_only = check_model_location(name_or_path)
-    config = load_config(name_or_path, revision, local_files_only=local_only)
-    remote = is_papa_config(config)
+    config = load_config(name_or_path, revision, local_files_only=local_only, trust_remote_code=trust_remote_code)
     cls = getattr(transformers, auto_class)
+    # The config object decides whose classes build the model: the library's registered ones, or (opted in) those of
+    # the checkpoint's own code, which transformers imports for a config class it has no registered model for.
     model, info = cls.from_pretrained(
         name_or_path,
+        config=config,
         revision=revision,
         dtype=resolve_dtype(dtype),
-        trust_remote_code=remote,
+        trust_remote_code=trust_remote_code,
         output_loading_info=True,
         local_files_only=local_only,
         **model_kwargs,
@@ -228,10 +254,10 @@ def load_source(
             f"weights for it (missing {', '.join(sorted(missing_head)[:3])}...); use a model or checkpoint saved "
             f"with its MLM head"
         )
-    # A PAPA checkpoint's tokenizer is loaded trusting the code we just trusted for its model: without it,
-    # transformers asks interactively (and blocks a terminal) whether to run the folder's code.
+    # A PAPA checkpoint's tokenizer reads the PAPA config, which the library's registered class now serves: no code
+    # of the folder's runs (and transformers never asks interactively, which would block a terminal).
     tokenizer = transformers.AutoTokenizer.from_pretrained(
-        name_or_path, revision=revision, trust_remote_code=remote, local_files_only=local_only
+        name_or_path, revision=revision, trust_remote_code=trust_remote_code, local_files_only=local_only
     )
     if device is not None:
         model.to(device)

@@ -115,7 +115,12 @@ def load_model(name: str, run: RunOptions, auto_class: str = "AutoModel", attn: 
 
     extra = {"attn_implementation": attn} if attn else {}
     return load_source(
-        resolve_model(name), auto_class=auto_class, dtype=run.model_dtype, device=default_device(run.device), **extra
+        resolve_model(name),
+        auto_class=auto_class,
+        dtype=run.model_dtype,
+        device=default_device(run.device),
+        trust_remote_code=run.trust_remote_code,
+        **extra,
     )
 
 

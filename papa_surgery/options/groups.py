@@ -28,6 +28,12 @@ class RunOptions(Checked):
     model_dtype: str = opt("Dtype the model runs in.", "fp32", type=click.Choice(registry.DTYPES))
     batch_size: int = opt("Examples per forward pass.", 32, type=POSITIVE_INT)
     seed: int = opt("Random seed.", 0, type=click.IntRange(min=0))
+    trust_remote_code: bool = opt(
+        "Run the model code a checkpoint or model ships (its .py files) instead of papa-surgery's own classes. Only "
+        "for code you have read: without it no file of the model runs.",
+        False,
+        is_flag=True,
+    )
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ Each output is recognised by what papa-surgery itself puts in it:
 The model being read is never replaced, whatever path reaches it (a symlink, a relative path, a folder that
 holds it or lies inside it). An existing *empty* folder is no one's output: it is written into without
 ``overwrite``. The checks run before the first expensive step and again just before the finished output is
-moved into place (:mod:`papa_surgery.atomic`), so a refusal leaves nothing written.
+moved into place (:mod:`papa_surgery.outputs.staging`), so a refusal leaves nothing written.
 """
 
 from __future__ import annotations

@@ -286,7 +286,7 @@ def staged_dir(target: str | Path, overwrite: bool = False, check: Check | None 
 
     An empty folder at ``target`` is written into without ``overwrite`` (one that appears meanwhile is not).
     With ``overwrite``, ``check(target)`` runs just before an existing target is replaced and may refuse it with a
-    ValueError (``papa_surgery.overwrite``); the result is then kept beside it, and the error says where.
+    ValueError (``papa_surgery.outputs.overwrite``); the result is then kept beside it, and the error says where.
 
     Raises:
         FileExistsError: ``target`` exists and not ``overwrite`` (checked first, and again atomically at the end:

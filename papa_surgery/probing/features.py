@@ -65,7 +65,7 @@ def encode_split(
 ) -> Encoded:
     """Tokenise a whole split for the slot layout of ``max_length`` slots.
 
-    Sentence tasks go through ``papa_surgery.encoding.encode`` (pairs: each segment fits its half).
+    Sentence tasks go through ``papa_surgery.calibration.encoding.encode`` (pairs: each segment fits its half).
     Token tasks take word lists (``is_split_into_words``); each word's label sits on its first sub-token
     and every other position holds -100. Words cut off by truncation are dropped from training and scoring.
     """

@@ -56,7 +56,7 @@ def labeled_probe(
 
     Args:
         model: a PAPA model converted with ``trainable_constants=True`` (its constants are trained in place).
-        Others: as :func:`papa_surgery.probe.probe` (App. B defaults; the constants share the probe's lr).
+        Others: as :func:`papa_surgery.probing.run.probe` (App. B defaults; the constants share the probe's lr).
 
     Returns:
         The probe's result fields (``metric``, ``score``, ``examples``, ``eval_examples``, ``steps``,

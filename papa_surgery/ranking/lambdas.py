@@ -78,7 +78,7 @@ def lambda_parameters(mixed: nn.Module) -> list[nn.Parameter]:
     """The lambda logits of every layer, in layer order."""
     params = [m.papa_lambda_logits for m in attention_modules(mixed)]
     if any(p is None for p in params):
-        raise ValueError("not a lambda model: build it with papa_surgery.lambda_rank.lambda_model")
+        raise ValueError("not a lambda model: build it with papa_surgery.ranking.lambdas.lambda_model")
     return params
 
 
@@ -190,7 +190,7 @@ def fit_lambdas(
 
     Only the lambda logits and the probe get gradients: the backbone runs in eval mode with
     ``requires_grad=False`` (no dropout), the constants are buffers. The backbone runs every step (lambda
-    changes the attention, so no feature cache); the loop is the probe's (:func:`papa_surgery.probe.train.fit`).
+    changes the attention, so no feature cache); the loop is the probe's (:func:`papa_surgery.probing.train.fit`).
 
     Args:
         mixed: a model from :func:`lambda_model`.

@@ -38,13 +38,14 @@ from .steps import Workflow, analyze, open_corpus
 logger = logging.getLogger("papa_surgery")
 
 
-def _source(model_name: str):
-    """(path, config, public name, source info) of MODEL, checked before its weights load."""
+def _source(model_name: str, trust_remote_code: bool = False):
+    """(path, config, public name, source info) of MODEL, checked before its weights load (its config read by the
+    code that will load it: papa-surgery's, or with ``trust_remote_code`` the model's own)."""
     from ..models.loading import load_config
     from ..models.sources import public_name_of, resolve_model, source_info
 
     path = resolve_model(model_name)
-    config = load_config(path)
+    config = load_config(path, trust_remote_code=trust_remote_code)
     info = source_info(path)
     return path, config, info["hub_id"] or public_name_of(model_name), info
 
@@ -105,7 +106,7 @@ def run_convert(
         from ..conversion.hub import resolve_push_target
 
         repo_id = resolve_push_target(push.repo_id, out.resolve().name)
-    path, config, source, info = _source(model_name)
+    path, config, source, info = _source(model_name, run.trust_remote_code)
     check_source_config(config, model_name)
     if given is not None or cal.max_length is not None:  # the default, the source's own length, fits by construction
         check_max_length(config, given.max_length if given else cal.max_length, model_name)
@@ -206,7 +207,7 @@ def run_heal(
 
     out_dir = Path(out)
     check_output_dir(out_dir, overwrite, reading=[resolve_model(checkpoint)])
-    path, config, _, _ = _source(checkpoint)
+    path, config, _, _ = _source(checkpoint, run.trust_remote_code)
     if not is_papa_config(config):
         raise ArgumentError(
             "checkpoint",
@@ -218,7 +219,7 @@ def run_heal(
     student, tokenizer = load_model(checkpoint, run)
     student.papa_recipe = _recipe_of(path)
     teacher = teacher_name(student, heal.teacher)
-    _, teacher_config, source, _ = _source(teacher)
+    _, teacher_config, source, _ = _source(teacher, run.trust_remote_code)
     check_source_config(teacher_config, teacher)
     flow = _workflow(teacher, run, source, progress)
     state = state_path(out_dir)
@@ -261,7 +262,7 @@ def run_calibrate(
     """``papa-surgery calibrate``: write a constants file (``distilled``: for an attention-free model); ``storage``
     (``--storage``, ``--compact-band``, ``--compact-rank``): the storage the constants are calibrated for."""
     out = check_output_file(out, overwrite, "constants")
-    _, config, source, _ = _source(model_name)
+    _, config, source, _ = _source(model_name, run.trust_remote_code)
     check_source_config(config, model_name)
     if cal.max_length is not None:
         check_max_length(config, cal.max_length, model_name)
@@ -293,7 +294,7 @@ def run_rank(
     given = Constants.load(constants_file) if constants_file else None
     if given is not None:
         registry.check_reads(method.name, given.kind)  # before the model loads
-    _, config, source, _ = _source(model_name)
+    _, config, source, _ = _source(model_name, run.trust_remote_code)
     check_source_config(config, model_name)
     calibrates = given is None and (cal.corpus is not None or method.constants is not None)
     if calibrates and cal.max_length is not None:
@@ -321,13 +322,20 @@ def run_rank(
     return out
 
 
-def run_analyze(model_name: str, which: str, options: AnalyzeOptions, out: str, progress: bool = True) -> Path:
+def run_analyze(
+    model_name: str,
+    which: str,
+    options: AnalyzeOptions,
+    out: str,
+    progress: bool = True,
+    trust_remote_code: bool = False,
+) -> Path:
     """``papa-surgery analyze``: an analysis folder (summary, corpus-average constants, figures, ranking)."""
     import contextlib
 
     from ..outputs.staging import staged_dir
 
-    _, config, source, _ = _source(model_name)
+    _, config, source, _ = _source(model_name, trust_remote_code)
     if getattr(config, "papa_constant_heads", None):
         raise ValueError(
             f"{model_name} is a PAPA checkpoint: its constant heads have no input-dependent attention to analyse; "
@@ -335,7 +343,7 @@ def run_analyze(model_name: str, which: str, options: AnalyzeOptions, out: str, 
         )
     check_max_length(config, options.max_length, model_name)
     corpus = open_corpus(options.corpus, max_examples=options.max_examples)
-    run = RunOptions(device=options.device, batch_size=options.batch_size)
+    run = RunOptions(device=options.device, batch_size=options.batch_size, trust_remote_code=trust_remote_code)
     # The analyses read attention probabilities: load eager (a PAPA checkpoint too), whatever the config says.
     flow = _workflow(model_name, run, source, progress, attn="eager")
     target = Path(out)

@@ -224,7 +224,7 @@ class Workflow:
         A method that reads constants (``registry.Method.constants``) uses ``constants`` when they are of that
         kind and calibrated, and otherwise calibrates them with ``calibration`` (the keyword arguments of
         :meth:`constants`: corpus, max_length, pairs, max_examples). ``lambda_options``: the lambda training's
-        (steps, epochs, lr, lambda_lr, max_train_examples; :class:`papa_surgery.ranking.LambdaOptions`).
+        (steps, epochs, lr, lambda_lr, max_train_examples; :class:`papa_surgery.ranking.lambdas.LambdaOptions`).
         """
         chosen = registry.check_method(method or registry.default_method(task), task)
         seed = self.run.seed if seed is None else seed
