@@ -1,7 +1,7 @@
 """A small in-memory Hugging Face Hub for tests: real HTTP on 127.0.0.1, spoken to by the real client.
 
 It implements the part of the Hub API that ``huggingface_hub`` 2.x uses to create a repo, upload one
-commit (``upload_folder``: preupload + NDJSON commit with base64 inline files), read repo info and
+commit (``create_commit``: preupload + NDJSON commit with base64 inline files), read repo info and
 download files (``hf_hub_download`` / ``snapshot_download`` / ``AutoModel.from_pretrained``):
 
 - ``GET  /api/whoami-v2``

@@ -92,8 +92,10 @@ def test_full_rank_is_exact_and_a_low_rank_is_not():
 def test_auto_storage_is_dense_up_to_128_and_compact_above():
     assert layout_for("auto", 128, False) is None and layout_for("dense", 512, False) is None
     assert layout_for("auto", 512, True) == CompactLayout(512, 16, 16, (0, 256, 511))
-    # long L: the diagonal and no residual, so the constants stay smaller than the query/key weights they replace
-    assert layout_for("auto", 2048, False) == CompactLayout(2048, 16, 16, (0, 2047))
+    # above L=512 (calibrated into the structure) no residual; long L: the diagonal, so the constants stay smaller
+    # than the query/key weights they replace
+    assert layout_for("auto", 2048, False) == CompactLayout(2048, 16, 0, (0, 2047))
+    assert layout_for("auto", 2048, False, rank=4) == CompactLayout(2048, 16, 4, (0, 2047))
     assert layout_for("auto", 8192, False) == CompactLayout(8192, 0, 0, (0, 8191))
     assert layout_for("compact", 8192, False, band=8) == CompactLayout(8192, 8, 0, (0, 8191))
     with pytest.raises(ValueError, match="storage"):

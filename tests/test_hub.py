@@ -96,7 +96,7 @@ def test_push_then_load_in_fresh_process(checkpoint, fake_hub, tmp_path):
     before = snapshot(folder)
     info = hub.push(folder, "user/tiny-papa", token=TOKEN, endpoint=fake_hub.endpoint)
 
-    assert fake_hub.commit_count("user/tiny-papa") == 1  # one upload_folder commit, not one per file
+    assert fake_hub.commit_count("user/tiny-papa") == 1  # one commit, not one per file
     assert info.oid == fake_hub.repos["user/tiny-papa"].refs["main"]
     assert str(info).startswith(fake_hub.endpoint)
     assert snapshot(folder) == before  # the local folder is only read

@@ -2,9 +2,10 @@
 
 ``push`` checks that the folder is a complete PAPA checkpoint before any network call, resolves the
 token (argument, ``HF_TOKEN``, or the saved login), creates the repo if needed and uploads the folder
-with a single ``upload_folder`` commit. The local folder is only read: the files are staged in a
-temporary folder (hard links where possible) where the card's repo-id placeholder is filled in.
-Re-running a push is safe: unchanged files make no new commit.
+with a single ``create_commit``: all files or none (``upload_folder`` may split a folder into several commits
+and retry a failed one "in smaller chunks", which can leave half a checkpoint published). The local folder is only
+read: the files are staged in a temporary folder (hard links where possible) where the card's repo-id placeholder
+is filled in. Re-running a push is safe: unchanged files make no new commit.
 """
 
 from __future__ import annotations
@@ -20,6 +21,41 @@ from .inspection import REQUIRED_FILES, describe, shipped_code_files
 
 LOGIN_HINT = "run `huggingface-cli login` (or `hf auth login`), or set HF_TOKEN, or pass token="
 IGNORE_PATTERNS = ["__pycache__/*", "**/__pycache__/*", "*.pyc", ".ipynb_checkpoints/*", ".DS_Store"]
+
+
+def _operations(staging: Path) -> list:
+    """One ``CommitOperationAdd`` per staged file (``IGNORE_PATTERNS`` left out), in a fixed order."""
+    from fnmatch import fnmatch
+
+    from huggingface_hub import CommitOperationAdd
+
+    files = sorted(p for p in staging.rglob("*") if p.is_file())
+    names = [p.relative_to(staging).as_posix() for p in files]
+    return [
+        CommitOperationAdd(path_in_repo=name, path_or_fileobj=str(path))
+        for name, path in zip(names, files, strict=True)
+        if not any(fnmatch(name, pattern) for pattern in IGNORE_PATTERNS)
+    ]
+
+
+def _with_retries(commit, attempts: int = 3, wait: float = 1.0):
+    """``commit()``, tried again after a server error (5xx) or a lost connection, waiting 1 s then 2 s. Safe: a commit
+    the server made before its answer was lost makes the retry find every file unchanged, and no commit follows."""
+    import time
+
+    from huggingface_hub.errors import HfHubHTTPError
+
+    for attempt in range(attempts):
+        try:
+            return commit()
+        except Exception as err:
+            status = getattr(getattr(err, "response", None), "status_code", None)
+            # the HTTP client's network errors (httpx's or httpx2's, as the huggingface_hub release has it)
+            lost = any(c.__name__ == "TransportError" for c in type(err).__mro__)
+            server = isinstance(err, HfHubHTTPError) and status is not None and status >= 500
+            if attempt + 1 == attempts or not (lost or server):
+                raise
+            time.sleep(wait * 2**attempt)
 
 
 def validate_checkpoint(checkpoint_dir) -> dict:
@@ -220,15 +256,8 @@ def push(
     with tempfile.TemporaryDirectory(prefix="papa-push-") as tmp:
         staging = Path(tmp) / "checkpoint"
         _stage(folder, staging, repo_id)
+        commit = dict(repo_type="model", revision=revision, create_pr=create_pr, commit_message=commit_message)
         try:
-            return api.upload_folder(
-                folder_path=staging,
-                repo_id=repo_id,
-                repo_type="model",
-                revision=revision,
-                create_pr=create_pr,
-                commit_message=commit_message,
-                ignore_patterns=IGNORE_PATTERNS,
-            )
+            return _with_retries(lambda: api.create_commit(repo_id, _operations(staging), **commit))
         except Exception as err:  # HTTP errors and connection failures: nothing local changed
             raise _explain(err, repo_id, folder, "uploading") from err
