@@ -125,9 +125,16 @@ def main() -> None:
     print(f"weights: {src_size / 2**20:.1f} MiB -> {papa_size / 2**20:.1f} MiB ({papa_size / src_size:.3f}x)")
     print(
         f"forward on {len(SENTENCES)} sentences: {stats['seconds_source'] * 1000:.1f} ms -> "
-        f"{stats['seconds_papa'] * 1000:.1f} ms ({stats['seconds_source'] / stats['seconds_papa']:.2f}x faster; "
-        "medians of interleaved runs after warm-up)"
+        f"{stats['seconds_papa'] * 1000:.1f} ms ({speed_words(stats['seconds_source'] / stats['seconds_papa'])}; "
+        "medians of interleaved runs after warm-up, as benchmarks/bench_short_inputs.py measures)"
     )
+
+
+def speed_words(ratio: float) -> str:
+    """A speed ratio (source time / converted time) in words: "1.19x faster", "1.07x slower", "as fast"."""
+    if abs(ratio - 1) < 0.005:
+        return "as fast"
+    return f"{ratio:.2f}x faster" if ratio > 1 else f"{1 / ratio:.2f}x slower"
 
 
 if __name__ == "__main__":

@@ -61,6 +61,7 @@ def path(monkeypatch):
     def choose(kind: str) -> None:
         structured = kind == "structured"
         monkeypatch.setattr(constant_heads, "STRUCTURED_FROM", 0 if structured else 10**9)
+        monkeypatch.setattr(constant_heads, "LOCAL_STRUCTURED_FROM", 0 if structured else 10**9)
         # structured: no dense rebuild kept at any L; dense: the dense rebuild, not C_S from the parts
         monkeypatch.setattr(constant_heads, "PREPARED_UP_TO", 0 if structured else 10**9)
 
@@ -88,8 +89,8 @@ def test_attention_function_equals_the_dense_rebuild(length, pairs, window, path
 
 
 def test_both_paths_are_what_the_crossover_picks(monkeypatch):
-    """Above L = 512: below the crossover a dense ``C_S`` from the parts, from it on (and in local layers) the
-    structured product; a long L never rebuilds (L, L)."""
+    """Above L = 512: below the crossover a dense ``C_S`` from the parts, from it on the structured product; a long
+    L never rebuilds (L, L)."""
     layout = CompactLayout(4096, 4, 2, special_slots(4096, False))
     holder = CompactHolder(random_parts(layout, 2, torch.Generator().manual_seed(0)), layout)
     for n, structured in ((40, False), (constant_heads.STRUCTURED_FROM + 10, True)):
@@ -220,3 +221,22 @@ def test_a_long_checkpoint_loads_in_a_fresh_process_without_the_library(tiny, tm
     (tmp_path / "jobs.json").write_text(json.dumps([job]))
     result = fresh_python(LOADER, str(tmp_path / "jobs.json"), cwd=tmp_path, python=sys.executable)
     assert "ALL-OK" in result.stdout, result.stdout + result.stderr[-4000:]
+
+
+@pytest.mark.parametrize("pairs", [False, True])
+@pytest.mark.parametrize(("band", "rank"), [(0, 0), (3, 2), (8, 0)])
+def test_dense_c_s_built_by_blocks_equals_the_cells(pairs, band, rank):
+    """``StructuredSlots.dense`` copies each pair of segments' Toeplitz block from a strided view of the profile, then
+    writes the band (across a pair's middle too) and the special rows and columns: it equals ``cells`` everywhere."""
+    length, g = 100, torch.Generator().manual_seed(band + 10 * rank)
+    layout = CompactLayout(length, band, rank, special_slots(length, pairs))
+    parts = random_parts(layout, 3, g)
+    half = length // 2
+    shapes = [(half - 2, 30), (half, 20), (5, 49)] if pairs else [(40, 0), (length - 1, 0), (1, 0)]
+    for first, second in shapes:  # a middle a few slots after the first segment: band cells across it
+        order = torch.cat([torch.tensor([length - 1]), torch.arange(first), half + torch.arange(second)])
+        merged = second == 0 or first == half
+        segments = [(1, 0, first + second)] if merged else [(1, 0, first), (1 + first, half, second)]
+        structured = StructuredSlots(parts, layout, order, segments, torch.float32)
+        every = torch.arange(structured.size)
+        assert torch.allclose(structured.dense().matrix, structured.cells(every, every), atol=1e-6)

@@ -31,7 +31,7 @@ import torch
 from .compact_constants import COMPACT_PARTS, CompactLayout, constants_of, rebuild
 from .slot_plan import SlotPlan
 from .slots import is_tracing, reference_constant_attention
-from .structured_constants import STRUCTURED_FROM, DenseSlots, StructuredSlots
+from .structured_constants import LOCAL_STRUCTURED_FROM, STRUCTURED_FROM, DenseSlots, StructuredSlots
 
 PREPARED_UP_TO = 512  # compact constants up to this L keep their dense rebuild per module (Hc L^2 values)
 
@@ -88,15 +88,16 @@ def compressed_constants(module, plan: SlotPlan, dtype: torch.dtype, window: int
 
     Dense constants give a :class:`~structured_constants.DenseSlots` (clamped at 0), and so do compact constants up
     to L = ``PREPARED_UP_TO``: sliced from a dense rebuild kept per module. Above that, compact constants of format 2
-    give a :class:`~structured_constants.StructuredSlots` for local layers and from ``STRUCTURED_FROM`` (x B^(1/3))
-    rows on, else a dense ``C_S`` built from the parts; traced graphs build ``C_S`` from the parts. Never (L, L).
+    give a :class:`~structured_constants.StructuredSlots` from ``STRUCTURED_FROM`` rows on (a local layer's window:
+    ``LOCAL_STRUCTURED_FROM``), else a dense ``C_S`` built from the parts; traced graphs build ``C_S`` from the parts.
+    Never (L, L).
     """
     sources = _sources(module)
     layout = _structured(module)
     if layout is not None and (is_tracing() or layout.max_length > PREPARED_UP_TO):  # no dense rebuild kept
         parts = {name: getattr(module, name) for name in COMPACT_PARTS}
         structured = StructuredSlots.of_plan(parts, layout, plan, torch.promote_types(dtype, torch.float32))
-        by_parts = window is not None or plan.size >= STRUCTURED_FROM * max(plan.batch, 1) ** (1 / 3)
+        by_parts = plan.size >= (STRUCTURED_FROM if window is None else LOCAL_STRUCTURED_FROM)
         return structured if by_parts and not is_tracing() else structured.dense()
     if layout is None and (is_tracing() or (torch.is_grad_enabled() and any(t.requires_grad for t in sources))):
         order = plan.slot_order  # in the graph: gradients reach trainable constants, exports need no state

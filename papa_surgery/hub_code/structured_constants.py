@@ -19,8 +19,9 @@ A local (sliding-window) layer needs only ``C_S``'s band of its window, plus a f
 corner blocks (``constant_heads._windowed``): :meth:`StructuredSlots.band_product` builds that band block by
 block from the parts in O(S W) and applies it with one batched GEMM; :meth:`StructuredSlots.cells` gives any
 other cells. :class:`DenseSlots` is the same interface over a materialised ``C_S``, for small S, where one GEMM
-is faster (``STRUCTURED_FROM``, measured by ``benchmarks/bench_long.py``), and for traced graphs (whose
-exporters lack FFTs), which build ``C_S`` from the parts too, never the (L, L) matrices.
+is faster (``STRUCTURED_FROM``, ``LOCAL_STRUCTURED_FROM``, measured by ``benchmarks/bench_long.py``): built from
+the parts by whole Toeplitz blocks (:meth:`StructuredSlots.dense`), or cell by cell in traced graphs (whose
+exporters lack FFTs and strided views), never the (L, L) matrices.
 
 Both compute the same matrix: compact constants are used as stored, negative cells (the low-rank residual can
 make a few) included; only checkpoints of format 1 clamp a dense rebuild at 0 (``CompactLayout.clamped``).
@@ -37,12 +38,13 @@ import torch
 from .compact_constants import CompactLayout
 from .slots import is_tracing
 
-# From which S the structured product beats a dense C_S built from the parts and one GEMM (global layers of a
-# model with L > 512), measured on 2 CPU cores (benchmarks/bench_long.py, crossover): about 500 rows at batch 1 and
-# 1,000 at batch 8, so ~500 B^(1/3) (the FFT's cost grows with the batch, the build's does not). Local layers of
-# such a model always take the structured band product (a tie at 512 rows, ahead above); models up to L = 512 keep
-# a dense rebuild and slice it, which is faster there.
-STRUCTURED_FROM = 500
+# From which S the structured product beats a dense C_S built from the parts (``_built``: Toeplitz blocks copied from
+# strided views of the profile, at memory speed) and one GEMM, for the global layers of a model with L > 512, and
+# from which S a local (sliding-window) layer's structured band product beats the dense C_S masked to the window:
+# measured by benchmarks/bench_long.py (crossover) on 2 CPU cores. Models up to L = 512 keep a dense rebuild and
+# slice it, which is faster there.
+STRUCTURED_FROM = 1000
+LOCAL_STRUCTURED_FROM = 700
 BLOCK = 64  # rows per block of a banded product
 WORKSPACE = 2**24  # bytes of temporaries a structured product may hold at once (heads are taken in groups)
 
@@ -165,9 +167,36 @@ class StructuredSlots:
 
     def dense(self) -> DenseSlots:
         """``C_S`` materialised (S^2 per head): for small S and traced graphs."""
-        idx = torch.arange(self.size, device=self.order.device)
-        cells = self.traceable_cells if is_tracing() else self.cells
-        return DenseSlots(cells(idx, idx))
+        if is_tracing() or self.segments is None:
+            idx = torch.arange(self.size, device=self.order.device)
+            return DenseSlots(self.traceable_cells(idx, idx))
+        return DenseSlots(self._built())
+
+    def _built(self) -> torch.Tensor:
+        """(Hc, S, S) ``C_S`` at memory speed: the profile part of each pair of segments is a Toeplitz block, copied
+        from a strided (Hankel) view of the profile, not gathered cell by cell; the residual is one product; then the
+        band's diagonals and the special rows and columns are written over it (``cells``' order of precedence)."""
+        hc, size, length, w = self.profile.shape[0], self.size, self.layout.max_length, self.layout.band
+        out = self.profile.new_zeros(hc, size, size)
+        for row_p, slot_p, n_p in self.segments:
+            for row_q, slot_q, n_q in self.segments:
+                # block[a, b] = profile[slot_q + b - slot_p - a + L - 1]: rows flipped, profile[first + a' + b]
+                first = slot_q - slot_p + length - 1 - (n_p - 1)
+                run = self.profile[:, first : first + n_p + n_q - 1]  # (Hc, n_p + n_q - 1), unit stride
+                hankel = run.as_strided((hc, n_p, n_q), (run.stride(0), 1, 1))
+                out[:, row_p : row_p + n_p, row_q : row_q + n_q] = hankel.flip(1)
+        if self.layout.rank:
+            out[:, 1:, 1:] += self.u[:, 1:] @ self.v[:, 1:].transpose(-1, -2)
+        rows = torch.arange(1, size, device=out.device)
+        for k in range(-w, w + 1):  # slots of rows 1.. increase: a band cell is at most w rows from the diagonal
+            i = rows[(rows + k >= 1) & (rows + k < size)]
+            d = self.order[i + k] - self.order[i]  # the cell's offset in slots (more than k across a pair's middle)
+            i, d = i[d.abs() <= w], d[d.abs() <= w]
+            out[:, i, i + k] = self.band[:, self.order[i], d + w]
+        special = (self.special_index >= 0).nonzero().squeeze(-1)  # compressed rows of special slots
+        out[:, special, :] = self.special_rows[:, self.special_index[special]][:, :, self.order]  # (Hc, P', S)
+        out[:, :, special] = self.special_cols[:, self.order][:, :, self.special_index[special]]  # (Hc, S, P')
+        return out
 
     # -- products ------------------------------------------------------------------------------------------------
 
