@@ -84,9 +84,10 @@ def main() -> None:
         encode = interleaved_medians(calls, args.repeats)
         tok = AutoTokenizer.from_pretrained(folders["source"])
         enc = tok(SENTENCES, padding=True, truncation=True, max_length=128, return_tensors="pt")
-        models = {name: AutoModel.from_pretrained(path, trust_remote_code=True).eval() for name, path in folders.items()}
+        models = {n: AutoModel.from_pretrained(path, trust_remote_code=True).eval() for n, path in folders.items()}
         with torch.inference_mode():
-            forward = interleaved_medians({n: functools.partial(m, **enc) for n, m in models.items()}, 10 * args.repeats)
+            calls = {name: functools.partial(m, **enc) for name, m in models.items()}
+            forward = interleaved_medians(calls, 10 * args.repeats)
     tokens = sum(len(tok(t)["input_ids"]) for t in texts) / len(texts)
     print(f"all-MiniLM-L6-v2, L=256, torch {torch.__version__}, {args.threads} threads, {args.repeats} repeats")
     print(f"encode: {len(texts)} sentences of {where} (mean {tokens:.1f} tokens), batch 32")
