@@ -5,19 +5,20 @@ Sections (``--sections``), side by side in one run:
 speed    batch 1, one document of n tokens (every position real; the source's sdpa attention on CPU), at
          fractions 1 and 0.5 of the heads constant (the 0.5 drawn at random, so kept and constant heads mix):
          median forward seconds of interleaved repeats, the speed-up, and which product the constant heads used
-         in global layers (``structured``: profile by FFT, residual, band blocks; ``dense C_S``: built from the
-         parts, one GEMM); local layers of an L > 512 model always take the structured band product.
+         in global and local layers (``structured``: profile by FFT, residual, band blocks; ``dense C_S``: built
+         from the parts, one GEMM), the crossovers ``STRUCTURED_FROM`` and ``LOCAL_STRUCTURED_FROM``.
 memory   peak activation memory of one forward at each n (bytes the CPU allocator holds above what it held
          before the call, from the profiler), source vs fractions 1 and 0.5.
 size     checkpoint size at L = 8,192, fraction 1 (the default compact layout there: the diagonal, special slots,
          profile, no residual), fp32 and fp16 constants, vs the source's weights.
-crossover  ``C_S X`` of 12 heads (d = 64) by the dense GEMM vs the structured product, batch 1 and 8, global
-         and local (window 64) layers, and the cost of building a dense C_S from the parts: the numbers behind
-         ``STRUCTURED_FROM``.
+crossover  ``C_S X`` of 6 and 12 heads (d = 64) by the dense GEMM vs the structured product, batch 1, 4 and 8,
+         global and local (window 64) layers, and the cost of building a dense C_S from the parts (by Toeplitz
+         blocks): the numbers behind ``STRUCTURED_FROM`` and ``LOCAL_STRUCTURED_FROM``.
 
-The converted models are ModernBERT-base (random weights) at L = 8,192 with compact constants set from a
-harmonic profile (``1 / (1 + |i - j|)``) plus a small random residual: what a constant costs does not depend on
-its values, and no (L, L) matrix per head is ever built (at L = 8,192 that would be 67 million values per head).
+The converted models are ModernBERT-base (random weights) at L = 8,192 made through the public API: ``toeplitz``
+constants (``1 / (1 + |i - j|)``; what a constant costs does not depend on its values) built straight into the
+default compact layout (no (L, L) matrix per head: at L = 8,192 that would be 67 million values per head), then
+``papa_surgery.convert``. The crossover section times the products alone on a harmonic profile with a residual.
 
 Run: python benchmarks/bench_long.py [--lengths 512 2048 8192] [--repeats 3] [--threads 2]
          [--sections speed memory size crossover]
@@ -36,13 +37,12 @@ import torch
 from bench_runtime import batch, peak_activation_bytes, source_model
 from timing import interleaved_medians
 
-from papa_surgery.calibration.compaction import layout_for
+import papa_surgery
 from papa_surgery.conversion.checkpoint import save_checkpoint
-from papa_surgery.conversion.surgery import build_papa_model, papa_config
 from papa_surgery.hub_code import constant_heads
 from papa_surgery.hub_code.compact_constants import CompactLayout, special_slots
 from papa_surgery.hub_code.modeling_papa import attention_modules
-from papa_surgery.hub_code.structured_constants import DenseSlots, StructuredSlots
+from papa_surgery.hub_code.structured_constants import StructuredSlots
 
 LENGTH = 8192
 FRACTIONS = (1.0, 0.5)
@@ -66,43 +66,27 @@ def harmonic_parts(layout: CompactLayout, heads: int, generator: torch.Generator
 
 
 def long_converted(source, fraction: float, length: int = LENGTH, seed: int = 0, dtype: str = "float32"):
-    """``source`` with ``fraction`` of its heads constant (seeded random choice), compact constants at L in the
-    default layout for that L (``layout_for``: at 8,192 the diagonal, special slots and profile, no residual)."""
-    layout = layout_for("auto", length, pairs=False)
+    """``source`` with ``fraction`` of its heads constant (seeded random choice), through the public API as a user
+    converts: ``toeplitz`` constants at L (``papa_surgery.calibrate``, built straight into the default compact layout
+    for that L: at 8,192 the diagonal, special slots and profile, no residual), ``papa_surgery.convert``."""
     config = source.config
     layers, heads = config.num_hidden_layers, config.num_attention_heads
     order = [[layer, h] for layer in range(layers) for h in range(heads)]
     random.Random(seed).shuffle(order)
-    chosen = sorted(order[: round(fraction * len(order))])
-    papa = build_papa_model(
-        source,
-        papa_config(
-            config,
-            papa_max_length=length,
-            papa_constant_heads=chosen,
-            papa_sep_token_id=config.sep_token_id,
-            papa_calibrated_on="single",
-            papa_compact_band=layout.band,
-            papa_compact_rank=layout.rank,
-            papa_constants_dtype=dtype,
-            papa_kind="toeplitz",
-            papa_fraction=fraction,
-        ),
-    )
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for module in attention_modules(papa):
-            layout = getattr(module, "papa_compact_layout", None)
-            if layout is not None:
-                hc = module.papa_constants_profile.shape[0]
-                for name, t in harmonic_parts(layout, hc, g).items():
-                    getattr(module, name).copy_(t)
-    return papa
+    ranking = papa_surgery.Ranking("random", order, layers, heads)
+    constants = papa_surgery.calibrate(source, TOKENIZER(), kind="toeplitz", max_length=length)
+    return papa_surgery.convert(source, constants, ranking, fraction, tokenizer=TOKENIZER(), dtype=dtype)
+
+
+@functools.cache
+def TOKENIZER():  # noqa: N802  the embedded MiniLM's WordPiece tokenizer: its ids fit ModernBERT's vocabulary
+    return papa_surgery.load("minilm")[1]
 
 
 def product_used(n: int) -> str:
-    """Which product a global layer's constant heads use for one document of n tokens."""
-    return "structured" if n + 1 >= constant_heads.STRUCTURED_FROM else "dense C_S"
+    """Which product global / local layers' constant heads use for one document of n tokens (S = n + 1 rows)."""
+    name = lambda threshold: "structured" if n + 1 >= threshold else "dense C_S"  # noqa: E731
+    return f"{name(constant_heads.STRUCTURED_FROM)} / {name(constant_heads.LOCAL_STRUCTURED_FROM)}"
 
 
 def speed(lengths, repeats: int, models: dict) -> None:
@@ -163,30 +147,30 @@ def best(call, repeats: int) -> float:
 
 
 def crossover(repeats: int) -> None:
-    print("crossover: C_S X of 12 heads, d=64, seconds (best of repeats); building C_S from the parts apart")
+    print("crossover: C_S X, d=64, milliseconds (best of repeats); building C_S from the parts apart")
     print(
-        f"{'S':>5s} {'batch':>5s} {'global dense':>12s} {'C_S build':>11s} {'structured':>11s} "
-        f"{'local dense':>11s} {'structured':>11s}"
+        f"{'heads':>5s} {'S':>5s} {'batch':>5s} {'global dense':>12s} {'C_S build':>10s} {'structured':>10s} "
+        f"{'local dense':>11s} {'structured':>10s}"
     )
     g = torch.Generator().manual_seed(0)
-    for b in (1, 8):
-        for s in (256, 512, 768, 1024, 2048, 4096):
-            length = 2 * s
-            layout = CompactLayout(length, 16, 16, special_slots(length, False))
-            parts = harmonic_parts(layout, 12, g)
-            order = torch.cat([torch.tensor([length - 1]), torch.arange(s - 1)])
-            structured = StructuredSlots(parts, layout, order, [(1, 0, s - 1)], torch.float32)
-            dense = DenseSlots(structured.cells(torch.arange(s), torch.arange(s)))
-            x = torch.randn(12, s, b * 65)
-
-            row = [
-                best(functools.partial(dense.product, x), repeats),
-                best(structured.dense, repeats),
-                best(functools.partial(structured.product, x), repeats),
-                best(functools.partial(dense.band_product, x, 64), repeats),
-                best(functools.partial(structured.band_product, x, 64), repeats),
-            ]
-            print(f"{s:5d} {b:5d} " + " ".join(f"{t:11.4f}" for t in row), flush=True)
+    for heads in (6, 12):
+        for b in (1, 4, 8):
+            for s in (256, 512, 768, 1024, 2048):
+                length = LENGTH
+                layout = CompactLayout(length, 0, 0, special_slots(length, False))  # the long default layout
+                parts = harmonic_parts(layout, heads, g)
+                order = torch.cat([torch.tensor([length - 1]), torch.arange(s - 1)])
+                structured = StructuredSlots(parts, layout, order, [(1, 0, s - 1)], torch.float32)
+                dense = structured.dense()
+                x = torch.randn(heads, s, b * 65)
+                row = [
+                    best(functools.partial(dense.product, x), repeats),
+                    best(structured.dense, repeats),
+                    best(functools.partial(structured.product, x), repeats),
+                    best(functools.partial(dense.band_product, x, 64), repeats),
+                    best(functools.partial(structured.band_product, x, 64), repeats),
+                ]
+                print(f"{heads:5d} {s:5d} {b:5d} " + " ".join(f"{t * 1000:10.2f}" for t in row), flush=True)
 
 
 def main() -> None:

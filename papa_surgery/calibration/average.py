@@ -101,11 +101,15 @@ def calibrate(
         for layer, m in enumerate(attention_modules(model))
     ]
 
+    tokens = [0]
+
     def forward(batch):
         enc = encode(tokenizer, batch, max_length, pairs=pairs).to(device)
         slots = compute_slots(enc["input_ids"], enc["attention_mask"], max_length, tokenizer.sep_token_id)
         sink.start_batch(SlotLayout(slots, max_length))
         model(**model_inputs(model, enc), output_attentions=family.needs_output_attentions)
+        tokens[0] += int((slots >= 0).sum())
+        bar.set_postfix(tokens=tokens[0], refresh=False)  # batches of long examples are worth more
 
     try:
         if world == 1:
