@@ -35,6 +35,7 @@ from pathlib import Path
 
 import torch
 from bench_runtime import batch, peak_activation_bytes, source_model
+from provenance import add_save_option, recorded
 from timing import interleaved_medians
 
 import papa_surgery
@@ -89,7 +90,7 @@ def product_used(n: int) -> str:
     return f"{name(constant_heads.STRUCTURED_FROM)} / {name(constant_heads.LOCAL_STRUCTURED_FROM)}"
 
 
-def speed(lengths, repeats: int, models: dict) -> None:
+def speed(lengths, repeats: int, models: dict, record) -> None:
     print("speed: forward seconds, batch 1 (median of interleaved repeats)")
     print(f"{'n':>5s} {'frac':>4s} {'source':>8s} {'convert':>8s} {'speed-up':>8s}  product")
     source = models["source"]
@@ -100,6 +101,8 @@ def speed(lengths, repeats: int, models: dict) -> None:
             medians = interleaved_medians(calls, repeats)
         for fraction in FRACTIONS:
             ratio = medians["source"] / medians[fraction]
+            record.add({"section": "speed", "n": n, "fraction": fraction, "source_s": medians["source"],
+                        "converted_s": medians[fraction], "speedup": ratio, "product": product_used(n)})  # fmt: skip
             print(
                 f"{n:5d} {fraction:4.1f} {medians['source']:8.2f} {medians[fraction]:8.2f} {ratio:7.2f}x  "
                 f"{product_used(n)}",
@@ -107,17 +110,18 @@ def speed(lengths, repeats: int, models: dict) -> None:
             )
 
 
-def memory(lengths, models: dict) -> None:
+def memory(lengths, models: dict, record) -> None:
     print("memory: peak activation of one forward, batch 1 (MiB; ratio to the source)")
     source = models["source"]
     for n in lengths:
         inputs = batch(source.config, n, 1, padded=False)
         peaks = {name: peak_activation_bytes(m, inputs) for name, m in models.items()}
+        record.add({"section": "memory", "n": n, **{f"peak_bytes_{name}": p for name, p in peaks.items()}})
         row = "  ".join(f"{name}: {p / 2**20:8.1f} ({p / peaks['source']:4.2f})" for name, p in peaks.items())
         print(f"{n:5d}  {row}", flush=True)
 
 
-def size(models: dict) -> None:
+def size(models: dict, record) -> None:
     """Checkpoint size at L = 8,192, fraction 1, with fp32 and fp16 constants, against the source's weights."""
     mib = 2**20
     with tempfile.TemporaryDirectory() as tmp:
@@ -128,6 +132,7 @@ def size(models: dict) -> None:
             layout = attention_modules(papa)[0].papa_compact_layout
             out = save_checkpoint(papa, Path(tmp) / dtype, recipe={"benchmark": "bench_long"})
             size = (out / "model.safetensors").stat().st_size
+            record.add({"section": "size", "dtype": dtype, "bytes": size, "source_bytes": src, "ratio": size / src})
             print(
                 f"size: L={LENGTH} fraction 1, band {layout.band} rank {layout.rank}, {dtype} constants: "
                 f"{size / mib:.1f} MiB, source {src / mib:.1f} MiB: {size / src:.3f}x",
@@ -146,7 +151,7 @@ def best(call, repeats: int) -> float:
     return min(times)
 
 
-def crossover(repeats: int) -> None:
+def crossover(repeats: int, record) -> None:
     print("crossover: C_S X, d=64, milliseconds (best of repeats); building C_S from the parts apart")
     print(
         f"{'heads':>5s} {'S':>5s} {'batch':>5s} {'global dense':>12s} {'C_S build':>10s} {'structured':>10s} "
@@ -171,6 +176,10 @@ def crossover(repeats: int) -> None:
                     best(functools.partial(structured.band_product, x, 64), repeats),
                 ]
                 print(f"{heads:5d} {s:5d} {b:5d} " + " ".join(f"{t * 1000:10.2f}" for t in row), flush=True)
+                names = ("global_dense", "build", "global_structured", "local_dense", "local_structured")
+                record.add(
+                    {"section": "crossover", "heads": heads, "S": s, "batch": b, **dict(zip(names, row, strict=True))}
+                )
 
 
 def main() -> None:
@@ -179,21 +188,27 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--sections", nargs="+", default=["speed", "memory", "size", "crossover"])
+    add_save_option(parser)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    with recorded("bench_long", args.save) as record:
+        run(args, record)
+
+
+def run(args, record) -> None:
     print(f"torch {torch.__version__}, {args.threads} threads")
     models = {}
     if {"speed", "memory", "size"} & set(args.sections):
         source = source_model("modernbert")
         models = {"source": source, **{f: long_converted(source, f) for f in FRACTIONS}}
     if "speed" in args.sections:
-        speed(args.lengths, args.repeats, models)
+        speed(args.lengths, args.repeats, models, record)
     if "memory" in args.sections:
-        memory(args.lengths, models)
+        memory(args.lengths, models, record)
     if "size" in args.sections:
-        size(models)
+        size(models, record)
     if "crossover" in args.sections:
-        crossover(args.repeats)
+        crossover(args.repeats, record)
 
 
 if __name__ == "__main__":

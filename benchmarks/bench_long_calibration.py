@@ -25,6 +25,7 @@ import sys
 import time
 
 import torch
+from provenance import add_save_option, recorded
 
 
 def _model(length: int):
@@ -68,11 +69,17 @@ def main() -> None:
     parser.add_argument("--documents", type=int, default=2)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--part", choices=("sdpa", "eager", "calibrate"), help=argparse.SUPPRESS)
+    add_save_option(parser)
     args = parser.parse_args()
     if args.part:
         args.max_length = args.max_length[0]
         print(json.dumps(_child(args)))
         return
+    with recorded("bench_long_calibration", args.save) as record:
+        run(args, record)
+
+
+def run(args, record) -> None:
     print(f"ModernBERT-base size, {args.documents} documents, {args.threads} threads")
     print(f"{'L':>6}{'pass':>11}{'tokens':>8}{'s/token':>10}{'x sdpa':>8}{'peak RSS GB':>13}  result")
     for length in args.max_length:
@@ -91,6 +98,7 @@ def main() -> None:
                 print(f"{length:>6}{r['part']:>11} failed: {r['error']}")
                 continue
             per, ratio = r["seconds"] / r["tokens"], r["seconds"] / base["seconds"] if base else float("nan")
+            record.add({"max_length": length, **r, "seconds_per_token": per, "ratio_to_sdpa": ratio})
             print(f"{length:>6}{r['part']:>11}{r['tokens']:>8}{per:>10.4f}{ratio:>8.2f}{r['peak_bytes'] / 1e9:>13.2f}"
                   f"  {r['result']}", flush=True)  # fmt: skip
         print(f"{'':>6} dense fp64 sums + squares would hold {22 * 12 * length**2 * 16 / 1e9:.1f} GB")

@@ -25,6 +25,7 @@ import tempfile
 from pathlib import Path
 
 import torch
+from provenance import add_save_option, recorded
 from timing import interleaved_medians
 
 import papa_surgery
@@ -64,17 +65,23 @@ def checkpoints(folder: Path, max_examples: int) -> dict[str, Path]:
 
 
 def main() -> None:
-    from demo import SENTENCES
-    from sentence_transformers import SentenceTransformer
-    from transformers import AutoModel, AutoTokenizer
-
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--sentences", type=int, default=1000)
     parser.add_argument("--max-examples", type=int, default=600, help="calibration examples (the demo's 600)")
+    add_save_option(parser)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    with recorded("bench_short_inputs", args.save) as record:
+        run(args, record)
+
+
+def run(args, record) -> None:
+    from demo import SENTENCES
+    from sentence_transformers import SentenceTransformer
+    from transformers import AutoModel, AutoTokenizer
+
     texts, where = short_sentences(args.sentences)
     with tempfile.TemporaryDirectory() as tmp:
         folders = checkpoints(Path(tmp), args.max_examples)
@@ -94,10 +101,12 @@ def main() -> None:
     print(f"  {'model':<14}{'sentences/s':>12}{'seconds':>10}{'speed-up':>10}")
     for name, seconds in encode.items():
         print(f"  {name:<14}{len(texts) / seconds:>12.1f}{seconds:>10.2f}{encode['source'] / seconds:>9.3f}x")
+        record.add({"measure": "encode", "model": name, "seconds": seconds, "speedup": encode["source"] / seconds})
     print(f"forward: AutoModel on the demo's {len(SENTENCES)} sentences, padded to {enc['input_ids'].shape[1]} tokens")
     print(f"  {'model':<14}{'ms':>10}{'speed-up':>10}")
     for name, seconds in forward.items():
         print(f"  {name:<14}{seconds * 1000:>10.2f}{forward['source'] / seconds:>9.3f}x")
+        record.add({"measure": "forward", "model": name, "seconds": seconds, "speedup": forward["source"] / seconds})
 
 
 if __name__ == "__main__":
