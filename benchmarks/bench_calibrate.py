@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 
 import torch
+from provenance import add_save_option, start_record
 from timing import interleaved_medians
 from transformers import AutoModel, AutoTokenizer
 
@@ -27,7 +28,9 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--max-length", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=3)
+    add_save_option(parser)
     args = parser.parse_args()
+    record = start_record("bench_calibrate", args.save)
     path = args.model or embedded_model_path()
     model = AutoModel.from_pretrained(path, attn_implementation="eager").eval()
     tok = AutoTokenizer.from_pretrained(path)
@@ -47,6 +50,7 @@ def main() -> None:
     print(f"{len(examples)} examples, batch {args.batch_size}, L={args.max_length}, {torch.get_num_threads()} threads")
     for name, med in medians.items():
         print(f"  {name:14s} {med:7.2f} s   {med / base:5.2f}x the eager forward")
+    record.finish()
 
 
 if __name__ == "__main__":

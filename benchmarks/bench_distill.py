@@ -23,6 +23,7 @@ import warnings
 from pathlib import Path
 
 import torch
+from provenance import add_save_option, start_record
 
 from papa_surgery.calibration.average import calibrate
 from papa_surgery.calibration.coverage import CoverageWarning
@@ -70,7 +71,9 @@ def main() -> None:
     parser.add_argument("--objectives", nargs="+", default=["layers", "last"], choices=["layers", "last"])
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--distill-on", choices=["calibration", "sst2-train"], default="calibration")
+    add_save_option(parser)
     args = parser.parse_args()
+    record = start_record("bench_distill", args.save)
     if args.threads:
         torch.set_num_threads(args.threads)
     warnings.simplefilter("ignore", CoverageWarning)
@@ -107,6 +110,7 @@ def main() -> None:
             model, tok, taught, average, heads, steps=args.steps, objective=objective, lr=args.lr, progress=False
         )
         show(f"distilled ({objective})", made, time.perf_counter() - start)
+    record.finish()
 
 
 if __name__ == "__main__":

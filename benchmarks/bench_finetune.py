@@ -18,6 +18,7 @@ import argparse
 import functools
 
 import torch
+from provenance import add_save_option, start_record
 from timing import interleaved_medians
 from transformers import BertConfig, BertForSequenceClassification
 
@@ -44,7 +45,9 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--length", type=int, default=128)
     parser.add_argument("--threads", type=int, default=None)
+    add_save_option(parser)
     args = parser.parse_args()
+    record = start_record("bench_finetune", args.save)
     if args.threads:
         torch.set_num_threads(args.threads)
     torch.manual_seed(0)
@@ -75,6 +78,7 @@ def main() -> None:
             f"  {name:16s} {med * 1000:8.1f} ms  {args.batch / med:6.1f} examples/s   "
             f"speed-up vs source {base / med:5.3f}x   (FLOP limit {limit:5.3f}x)"
         )
+    record.finish()
 
 
 if __name__ == "__main__":

@@ -32,6 +32,7 @@ import warnings
 from pathlib import Path
 
 import torch
+from provenance import add_save_option, start_record
 
 
 def sst2_sentences(data: Path, split: str) -> list[str]:
@@ -96,7 +97,9 @@ def main() -> None:
     parser.add_argument("--work", default="bench-heal-work")
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--json", default=None, help="also write the rows here")
+    add_save_option(parser)
     args = parser.parse_args()
+    record = start_record("bench_heal", args.save)
     if args.threads:
         torch.set_num_threads(args.threads)
     warnings.simplefilter("ignore", CoverageWarning)
@@ -211,6 +214,7 @@ def main() -> None:
         print("| " + " | ".join(cells) + " |")
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=2))
+    record.finish()
 
 
 if __name__ == "__main__":

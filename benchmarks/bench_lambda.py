@@ -28,6 +28,7 @@ import warnings
 from pathlib import Path
 
 import torch
+from provenance import add_save_option, start_record
 from scipy.stats import spearmanr
 
 from papa_surgery.calibration.average import calibrate
@@ -99,7 +100,9 @@ def main() -> None:
     p.add_argument("--calibration-examples", type=int, default=1000)
     p.add_argument("--threads", type=int, default=0)
     p.add_argument("--json", default=None, help="also write every recorded lambda here")
+    add_save_option(p)
     args = p.parse_args()
+    record = start_record("bench_lambda", args.save)
     if args.threads:
         torch.set_num_threads(args.threads)
     data = Path(args.data)
@@ -116,6 +119,7 @@ def main() -> None:
             if args.json:
                 Path(args.json).write_text(json.dumps({str(k): v for k, v in runs.items()}))
     summarize(runs)
+    record.finish()
 
 
 if __name__ == "__main__":

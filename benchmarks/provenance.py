@@ -1,11 +1,11 @@
 """Benchmark results with their provenance: what was measured, where, with what, by which command.
 
-``with recorded("bench_long", args) as record:`` runs a benchmark's body with its printed output teed into the
-record; ``record.add(row)`` adds a result row (a dict). With ``--save`` (``add_save_option``), leaving the block
-writes ``benchmarks/results/<name>.json`` (the rows and the provenance: machine, CPU count, torch threads, torch /
-transformers / Python versions, the git commit and whether the tree had changes, the command line, the date) and
-``<name>.txt`` (the provenance as a header, then exactly what was printed). The docs cite those files; a test checks
-that every cited file exists.
+``with recorded("bench_long", args.save) as record:`` (or ``record = start_record(...)`` ... ``record.finish()``) runs a
+benchmark's body with its printed output teed into the record; ``record.add(row)`` adds a result row (a dict).
+With ``--save`` (``add_save_option``), a completed run writes ``benchmarks/results/<name>.json`` (the rows, the
+printed lines and the provenance: machine, CPU count, torch threads, torch / transformers / Python versions, the git
+commit and whether the tree had changes, the command line, the date) and ``<name>.txt`` (the provenance as a
+header, then exactly what was printed). The docs cite those files; a test checks that every cited file exists.
 """
 
 from __future__ import annotations
@@ -62,13 +62,29 @@ def provenance() -> dict:
 
 
 class Record:
-    """The rows a benchmark adds, and what it printed."""
+    """The rows a benchmark adds, and what it printed (stdout is teed into it until :meth:`finish`)."""
 
-    def __init__(self, name: str):
-        self.name, self.rows, self.printed = name, [], io.StringIO()
+    def __init__(self, name: str, save: bool):
+        self.name, self.save, self.rows, self.printed = name, save, [], io.StringIO()
+        self._stdout = sys.stdout
+        sys.stdout = _Tee(self._stdout, self.printed)
 
     def add(self, row: dict) -> None:
         self.rows.append(row)
+
+    def finish(self) -> None:
+        """Stop teeing stdout; with ``save``, write ``results/<name>.json`` and ``.txt``."""
+        sys.stdout = self._stdout
+        if not self.save:
+            return
+        RESULTS.mkdir(exist_ok=True)
+        facts = provenance()
+        printed = self.printed.getvalue()
+        data = {**facts, "rows": self.rows, "printed": printed.splitlines()}
+        (RESULTS / f"{self.name}.json").write_text(json.dumps(data, indent=2, default=str) + "\n")
+        header = "\n".join(f"# {key}: {value}" for key, value in facts.items())
+        (RESULTS / f"{self.name}.txt").write_text(header + "\n\n" + printed)
+        print(f"saved {RESULTS / self.name}.json and .txt")
 
 
 class _Tee(io.TextIOBase):
@@ -85,20 +101,21 @@ class _Tee(io.TextIOBase):
             stream.flush()
 
 
+def start_record(name: str, save: bool) -> Record:
+    """A :class:`Record` of the benchmark ``name``: call ``record.finish()`` when it is done (nothing is written if
+    it fails before)."""
+    return Record(name, save)
+
+
 @contextlib.contextmanager
 def recorded(name: str, save: bool) -> Iterator[Record]:
-    """Run a benchmark's body with its output teed into a :class:`Record`; with ``save``, write the result files."""
-    record = Record(name)
-    stdout = sys.stdout
-    sys.stdout = _Tee(stdout, record.printed)
+    """Run a benchmark's body with its output teed into a :class:`Record`; with ``save``, write the result files
+    when the body completes."""
+    record = start_record(name, save)
     try:
         yield record
+    except BaseException:
+        record.save = False  # a failed run writes no results
+        raise
     finally:
-        sys.stdout = stdout
-    if save:
-        RESULTS.mkdir(exist_ok=True)
-        facts = provenance()
-        (RESULTS / f"{name}.json").write_text(json.dumps({**facts, "rows": record.rows}, indent=2) + "\n")
-        header = "\n".join(f"# {key}: {value}" for key, value in facts.items())
-        (RESULTS / f"{name}.txt").write_text(header + "\n\n" + record.printed.getvalue())
-        print(f"saved {RESULTS / name}.json and .txt")
+        record.finish()
