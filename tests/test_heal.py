@@ -188,7 +188,7 @@ def test_a_healed_checkpoint_loads_in_a_fresh_process_without_papa_surgery_or_pe
     out = save_checkpoint(healed, tmp_path / "healed", tokenizer=tok, recipe=healed.papa_recipe)
     recipe = json.loads((out / "papa_recipe.json").read_text())
     assert recipe["healing"]["train"] == "lora" and recipe["healing"]["heldout_after"]["loss"] > 0
-    assert "## Healing" in (out / "README.md").read_text()
+    assert (out / "README.md").read_text().count("## Healing") == 1
     enc = tok(SENTENCES, padding=True, return_tensors="pt")
     with torch.no_grad():
         expected = healed(**enc).last_hidden_state
@@ -254,6 +254,17 @@ def test_public_heal_returns_a_new_model_and_leaves_the_input(source):
     assert healed is not papa and all(torch.equal(v, start[k]) for k, v in state(papa).items())
     assert type(healed).__name__ == type(papa).__name__ and healed.papa_recipe["healing"]["steps"] == 12
     assert healed.config.papa_kind == "average" and healed.config.papa_fraction == 0.75
+
+
+def test_healing_stores_the_constants_back_in_the_checkpoints_own_compact_layout(source):
+    """A checkpoint converted with its own band and rank is healed back into them, not into L's default layout
+    (with which L=32 and the default band 16 would not even fit)."""
+    import papa_surgery
+
+    model, tok, constants = source
+    papa = convert(model, constants, HEADS, tokenizer=tok, storage="compact", compact_band=2, compact_rank=1)
+    healed = papa_surgery.heal(papa, tok, CORPUS, teacher=model, progress=False, batch_size=8, **QUICK)
+    assert (healed.config.papa_compact_band, healed.config.papa_compact_rank) == (2, 1)
 
 
 def test_cli_convert_with_heal_steps_and_heal_a_checkpoint(tiny, tmp_path):

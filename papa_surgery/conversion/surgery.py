@@ -213,12 +213,13 @@ def convert(
     return papa
 
 
-def rebuild_papa_model(papa, *, trainable_constants: bool = False, storage: str = "auto", dtype=None):
+def rebuild_papa_model(papa, *, trainable_constants: bool = False, storage: str = "auto", dtype=None, compact=None):
     """The same PAPA model (weights, heads, constants) with its constants held another way.
 
     Healing trains dense constants as a parameter (``trainable_constants=True``, ``storage="dense"``) and stores
     them back frozen, dense or compact (``storage``: as in :func:`convert`; compact parts are fitted to the trained
-    matrices, and the model returned computes with them). ``dtype``: the constants' storage dtype (default: the
+    matrices, and the model returned computes with them). ``compact``: ``(band, rank)`` of the compact storage
+    (default: ``papa``'s own, else the default for L). ``dtype``: the constants' storage dtype (default: the
     model's). The model is built as ``from_pretrained`` builds it, by papa-surgery's own classes (a checkpoint
     loaded with its shipped code works too); ``papa`` is not changed.
     """
@@ -234,7 +235,7 @@ def rebuild_papa_model(papa, *, trainable_constants: bool = False, storage: str 
     store = resolve_dtype(dtype or config.papa_constants_dtype)
     layout = None
     if not trainable_constants:
-        band, rank = getattr(config, "papa_compact_band", None), getattr(config, "papa_compact_rank", None)
+        band, rank = compact or (getattr(config, "papa_compact_band", None), getattr(config, "papa_compact_rank", None))
         pairs = getattr(config, "papa_calibrated_on", None) == "pairs"
         layout = layout_for(storage, int(config.papa_max_length), pairs, band, rank)
     dropped = ("model_type", "architectures", "auto_map", "transformers_version", "_name_or_path")

@@ -185,7 +185,8 @@ def heal_model(
             state=state,
             progress=progress,
         )
-        healed = finish(trainable, storage=_storage(papa), dtype=config.papa_constants_dtype)
+        compact = (config.papa_compact_band, config.papa_compact_rank)  # stored back as the checkpoint had them
+        healed = finish(trainable, _storage(papa), config.papa_constants_dtype, None if None in compact else compact)
         after = held.measure(healed)
     finally:
         restore()

@@ -90,8 +90,9 @@ def _check_dense_constants(papa) -> None:
     budget.check_dense_fits("healing (it trains the constants)", heads, length, budget.CORPUS_PASS, fix)
 
 
-def finish(trained: Trainable, storage: str = "auto", dtype=None):
-    """The healed PAPA model: LoRA merged, constants frozen and stored as ``storage`` (and ``dtype``), eval mode."""
+def finish(trained: Trainable, storage: str = "auto", dtype=None, compact=None):
+    """The healed PAPA model: LoRA merged, constants frozen and stored as ``storage`` (``compact``: its compact
+    ``(band, rank)``; and ``dtype``), eval mode."""
     from ..conversion.surgery import rebuild_papa_model
     from ..hub_code.modeling_papa import attention_modules
 
@@ -105,7 +106,7 @@ def finish(trained: Trainable, storage: str = "auto", dtype=None):
         if theta is not None:
             module.__dict__.pop("papa_constants", None)
             module.papa_constants = nn.Parameter(theta.detach().exp(), requires_grad=False)
-    return rebuild_papa_model(student, trainable_constants=False, storage=storage, dtype=dtype)
+    return rebuild_papa_model(student, trainable_constants=False, storage=storage, dtype=dtype, compact=compact)
 
 
 def _log_constants(student) -> tuple[list[nn.Parameter], list]:
