@@ -238,13 +238,20 @@ def _recipe_of(path: str) -> dict:
 
     if Path(path).is_dir():
         return read_recipe(Path(path))
+    import json
+
+    from huggingface_hub import hf_hub_download
+    from huggingface_hub.errors import EntryNotFoundError
+
+    from ..failures import one_line
+
     try:
-        import json
-
-        from huggingface_hub import hf_hub_download
-
         return json.loads(Path(hf_hub_download(path, "papa_recipe.json")).read_text(encoding="utf-8"))
-    except Exception:  # offline, or a checkpoint published without it: the config names the source
+    except EntryNotFoundError:  # a checkpoint published without it: the config names the source
+        return {}
+    except Exception as err:  # offline, or the Hub failed: said, and the config names the source
+        logger.warning("could not read %s's papa_recipe.json (%s): the source it names comes from its config", path,
+                       one_line(err))  # fmt: skip
         return {}
 
 
