@@ -85,8 +85,8 @@ def TOKENIZER():  # noqa: N802  the embedded MiniLM's WordPiece tokenizer: its i
 
 
 def product_used(n: int) -> str:
-    """Which product global / local layers' constant heads use for one document of n tokens (S = n + 1 rows)."""
-    name = lambda threshold: "structured" if n + 1 >= threshold else "dense C_S"  # noqa: E731
+    """Which product global / local layers' constant heads use for one document of n tokens (S = n rows)."""
+    name = lambda threshold: "structured" if n >= threshold else "dense C_S"  # noqa: E731
     return f"{name(constant_heads.STRUCTURED_FROM)} / {name(constant_heads.LOCAL_STRUCTURED_FROM)}"
 
 

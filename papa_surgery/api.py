@@ -126,6 +126,7 @@ def calibrate(
         )
     cal = CalibrationOptions(max_length=max_length, pairs=pairs, max_examples=max_examples)
     layout = ConvertOptions(fraction=0, storage=storage, compact_band=compact_band, compact_rank=compact_rank)
+    registry.check_calibration_storage(chosen.name, storage, compact_band, compact_rank)
     run = RunOptions(device=device, batch_size=batch_size)
     if cal.max_length is not None:
         name = source_name or getattr(model.config, "_name_or_path", None) or "the model"

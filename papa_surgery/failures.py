@@ -49,6 +49,11 @@ def flag(name: str) -> str:
 _NO_VALUE = object()
 
 
+def on_command_line() -> bool:
+    """Whether messages are being spelled for the command line (else for the Python API)."""
+    return _CLI.get()
+
+
 def spell(name: str, value: Any = _NO_VALUE) -> str:
     """How the user passes argument ``name`` (with ``value``) in the front end in use.
 

@@ -248,11 +248,41 @@ def check_reads(method_name: str, kind_name: str) -> None:
         made = KINDS.get(made.starts_from) if made.starts_from else None
     if wanted in chain:
         return
-    how = "papa_surgery.calibrate(model, tokenizer" + ("" if wanted == "average" else f", kind={wanted!r}") + ")"
+    from .failures import on_command_line
+
+    if on_command_line():
+        how = "--constants with a file that papa-surgery calibrate" + (
+            "" if wanted == "average" else f" --kind {wanted}"
+        )
+        how += " wrote"
+    else:
+        how = "constants=papa_surgery.calibrate(model, tokenizer" + (
+            "" if wanted == "average" else f", kind={wanted!r}"
+        )
+        how += f"), or a constants file of kind {wanted}"
     raise ValueError(
         f"the {method_name!r} ranking reads {wanted} constants ({METHODS[method_name].summary}), not "
-        f"{kind_name} constants: pass constants={how}, or a constants file of kind {wanted}"
+        f"{kind_name} constants: pass {how}"
     )
+
+
+def check_calibration_storage(kind_name: str, storage: str, band=None, rank=None) -> None:
+    """ArgumentError when a compact storage is asked of ``calibrate`` for a kind that is not made in one: the
+    analyses' and trained kinds are dense (L, L) matrices (``convert`` can still store them compact)."""
+    made = KINDS[kind_name].made
+    if made in (CALIBRATED, DATA_FREE):
+        return
+    from .failures import ArgumentError, spell
+
+    for name, given in (("storage", storage == "compact"), ("compact_band", band is not None),
+                        ("compact_rank", rank is not None)):  # fmt: skip
+        if given:
+            raise ArgumentError(
+                name,
+                f"{kind_name} constants are made as dense (L, L) matrices, not in the compact structure (only the "
+                f"average and the data-free kinds are): drop {spell(name)} here, and pass it to convert to store them "
+                f"compact in the checkpoint",
+            )
 
 
 def train_mode(name: str) -> TrainMode:

@@ -95,6 +95,7 @@ def test_auto_storage_is_dense_up_to_128_and_compact_above():
     # above L=512 (calibrated into the structure) no residual; long L: the diagonal, so the constants stay smaller
     # than the query/key weights they replace
     assert layout_for("auto", 2048, False) == CompactLayout(2048, 16, 0, (0, 2047))
+    assert layout_for("auto", 2048, False, fitted=True) == CompactLayout(2048, 16, 16, (0, 2047))  # dense: free
     assert layout_for("auto", 2048, False, rank=4) == CompactLayout(2048, 16, 4, (0, 2047))
     assert layout_for("auto", 8192, False) == CompactLayout(8192, 0, 0, (0, 8191))
     assert layout_for("compact", 8192, False, band=8) == CompactLayout(8192, 8, 0, (0, 8191))

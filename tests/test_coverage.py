@@ -140,3 +140,22 @@ def test_long_input_through_the_converted_checkpoint_has_full_rows(tiny, tmp_pat
         empty.state_dict()["encoder.layer.0.attention.self.papa_constants"],
         papa.state_dict()["encoder.layer.0.attention.self.papa_constants"],
     )
+
+
+def test_nearest_measured_offset_takes_the_nearer_neighbour_and_the_lower_on_a_tie():
+    """An unmeasured offset borrows the nearest measured one's value (the lower on a tie), in O(L log L)."""
+    from papa_surgery.calibration.coverage import nearest_measured
+
+    totals = torch.tensor([0.0, 2.0, 0.0, 0.0, 0.0, 5.0, 0.0, 0.0])
+    profile = torch.arange(8.0)[None, :] * torch.tensor([[1.0], [10.0]])  # (2, 8)
+    got = nearest_measured(profile, totals)
+    assert got[0].tolist() == [1, 1, 1, 1, 5, 5, 5, 5]  # offset 3 is 2 from both: the lower (1) wins
+    assert torch.equal(got[1], got[0] * 10)
+    g = torch.Generator().manual_seed(0)
+    for _ in range(50):  # the quadratic definition it replaced
+        totals = (torch.rand(30, generator=g) > 0.7).double()
+        if not totals.any():
+            continue
+        measured = totals.nonzero().squeeze(-1)
+        want = measured[(torch.arange(30)[:, None] - measured[None, :]).abs().argmin(-1)]
+        assert torch.equal(nearest_measured(torch.arange(30.0), totals), torch.arange(30.0)[want])

@@ -199,7 +199,7 @@ def test_compact_constants_at_a_long_length_refuse_dense_uses(tiny):
     model, tok = tiny.model("modernbert", max_position_embeddings=length), tiny.tokenizer("modernbert")
     constants = papa_surgery.calibrate(model, tok, _documents(60), max_length=length, batch_size=1, progress=False)
     assert isinstance(constants, StructuredConstants)
-    fix = r"stored compact at L=2048: dense \(L, L\) matrices per head .* use max_length <= 1024"
+    fix = r"stored compact at L=2048: dense \(L, L\) matrices per head .* use max_length=1024 or less"
     with pytest.raises(ValueError, match=fix):
         papa_surgery.rank("lambda", model, tok, constants=constants, task="sst2", steps=1)
     with pytest.raises(ValueError, match=fix):
@@ -235,3 +235,55 @@ def test_files_of_a_newer_format_are_refused(tiny, tmp_path):
     data.pop("format_version")
     ranking.write_text(json.dumps(data))
     assert papa_surgery.Ranking.load(ranking).order == papa_surgery.rank("random", constants=constants).order
+
+
+def test_compact_storage_is_refused_for_kinds_made_dense(tiny, tiny_folder, tmp_path):
+    """calibrate's compact storage and layout apply to the average and data-free kinds; for the analyses' and trained
+    kinds (dense matrices) asking for them is an error naming the option, not silently a dense file."""
+    model, tok = tiny.model("bert"), tiny.tokenizer("bert")
+    with pytest.raises(ValueError, match=r"norm-average constants are made as dense .* drop storage="):
+        papa_surgery.calibrate(model, tok, ["a cat sat"], kind="norm-average", max_length=16, storage="compact")
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("the cat sat on the mat\na dog ran off\n" * 4)
+    out = tmp_path / "c.safetensors"
+    args = ("calibrate", tiny_folder("bert"), "--kind", "distilled", "--compact-band", "2", "--corpus", corpus)
+    done = cli(*args, "--max-length", 16, "--out", out)
+    assert done.exit_code == 2 and "'--compact-band'" in done.output and "drop --compact-band" in done.output
+    assert not out.exists()
+    assert isinstance(papa_surgery.calibrate(model, tok, kind="zeros", max_length=64, storage="compact"),
+                      StructuredConstants)  # fmt: skip
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_precision_attention_is_summed_in_full_precision(tiny, monkeypatch, dtype):
+    """A family calibrated through forward hooks hands fp16/bf16 attention to the accumulator; its sums are taken in
+    fp32 at least, so the parts equal those of the same attention given in fp32 (the per-cell means A / count fall
+    below fp16's normal range at realistic counts)."""
+    import dataclasses
+
+    from test_structured_calibration import _corpus
+
+    from papa_surgery.calibration import into_structure
+    from papa_surgery.calibration.compaction import layout_for
+    from papa_surgery.calibration.corpus import load_corpus
+
+    real = into_structure.get_family
+    monkeypatch.setattr(into_structure, "get_family", lambda m: dataclasses.replace(real(m), style="override"))
+    model, tok = tiny.model("bert"), tiny.tokenizer("bert")
+    layout = layout_for("compact", 48, False, 3, 0)
+    corpus = load_corpus(_corpus())
+    seen = {}
+
+    class Halved(into_structure.StructuredAccumulator):  # the same attention, rounded to the model's half dtype
+        def add(self, layer, matrices):
+            seen.setdefault("dtype", matrices.to(dtype).dtype)
+            super().add(layer, matrices.to(dtype).to(torch.float32) if self.exact else matrices.to(dtype))
+
+    for exact in (True, False):
+        Halved.exact = exact
+        monkeypatch.setattr(into_structure, "StructuredAccumulator", Halved)
+        made = into_structure.calibrate_structured(model, tok, corpus, layout, batch_size=4, progress=False)
+        seen[exact] = made
+    for name, part in seen[True].parts.items():
+        assert torch.allclose(seen[False].parts[name], part, rtol=1e-6, atol=1e-9), name
+    assert torch.allclose(seen[False].variance, seen[True].variance, rtol=1e-5, atol=1e-12)

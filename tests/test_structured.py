@@ -240,3 +240,17 @@ def test_dense_c_s_built_by_blocks_equals_the_cells(pairs, band, rank):
         structured = StructuredSlots(parts, layout, order, segments, torch.float32)
         every = torch.arange(structured.size)
         assert torch.allclose(structured.dense().matrix, structured.cells(every, every), atol=1e-6)
+
+
+def test_each_layer_takes_the_product_its_crossover_picks():
+    """Global layers go structured from ``STRUCTURED_FROM`` slots in use, local (windowed) ones from
+    ``LOCAL_STRUCTURED_FROM``; below, a dense ``C_S`` built from the parts."""
+    from papa_surgery.hub_code.structured_constants import LOCAL_STRUCTURED_FROM, STRUCTURED_FROM
+
+    layout = CompactLayout(4096, 0, 0, special_slots(4096, False))
+    holder = CompactHolder(random_parts(layout, 2, torch.Generator().manual_seed(0)), layout)
+    for threshold, window in ((STRUCTURED_FROM, None), (LOCAL_STRUCTURED_FROM, 64)):
+        for n, structured in ((threshold - 1, False), (threshold, True)):  # S = n rows (the final separator's first)
+            plan = SlotPlan.from_tokens(torch.full((1, n), 7), torch.ones(1, n, dtype=torch.long), 4096)
+            chosen = constant_heads.compressed_constants(holder, plan, torch.float32, window)
+            assert isinstance(chosen, StructuredSlots) == structured, (threshold, window, n)

@@ -7,15 +7,17 @@ low-rank matrix completion, so the rank is spent on the cells it has to represen
 computes with ``rebuild(compact_parts(C))``: conversion, probes and the checkpoint all use those matrices.
 
 ``layout_for`` picks the layout ``convert`` uses when storage is ``auto``: dense up to L=128 (already smaller than
-the source's query/key weights it replaces), compact above: band 16 and a rank-16 residual up to L=512 (fitted here
-to densely calibrated constants), band 16 and no residual up to L=2,048, above it the diagonal and no residual, so that
-the constants stay smaller than the query/key weights they replace.
+the source's query/key weights it replaces), compact above: band 16 and a rank-16 residual fitted here to dense
+constants (constants calibrated into the structure, above L=512, have no residual by default: ``RESIDUAL_UP_TO``);
+above L=2,048 the diagonal and no residual, so that the constants stay smaller than the query/key weights they
+replace.
 """
 
 from __future__ import annotations
 
 import torch
 
+from .. import registry
 from ..hub_code.compact_constants import COMPACT_PARTS, CompactLayout, rebuild, special_slots
 from .coverage import offset_means
 
@@ -35,14 +37,18 @@ LONG_RANK = 0
 # residual costs two more passes of the model over the corpus (its range, then the variance around it) on top of the
 # one that gives everything else: a rank-16 residual made calibration ~3x slower at L = 2,048 for ~0.001 / 0.002
 # token / sentence cosine to the source (all-MiniLM-L6-v2 at L = 512, bench_structure_quality.py). So none by
-# default; --compact-rank asks for one.
-RESIDUAL_UP_TO = 512
+# default there; --compact-rank asks for one. Dense constants (``fitted``) get theirs fitted here at no pass, up to
+# LONG_FROM as before.
+RESIDUAL_UP_TO = registry.DENSE_CALIBRATION_UP_TO
 DENSE_UP_TO = 128  # ``auto`` keeps dense matrices up to this L
 COMPLETION_ROUNDS = 4
 
 
-def layout_for(storage: str, max_length: int, pairs: bool, band: int | None = None, rank: int | None = None):
-    """The ``CompactLayout`` for a ``--storage`` choice, or ``None`` for dense matrices.
+def layout_for(storage: str, max_length: int, pairs: bool, band: int | None = None, rank: int | None = None,
+               fitted: bool = False):  # fmt: skip
+    """The ``CompactLayout`` for a ``--storage`` choice, or ``None`` for dense matrices. ``fitted``: the parts are
+    fitted here to dense constants (the residual's default rank then reaches L = ``LONG_FROM``), not calibrated into
+    the structure.
 
     Raises:
         ValueError: an unknown storage, or a band/rank that does not fit L.
@@ -53,7 +59,8 @@ def layout_for(storage: str, max_length: int, pairs: bool, band: int | None = No
         return None
     long = max_length > LONG_FROM
     band = (LONG_BAND if long else DEFAULT_BAND) if band is None else int(band)
-    rank = (DEFAULT_RANK if max_length <= RESIDUAL_UP_TO else LONG_RANK) if rank is None else int(rank)
+    with_residual = max_length <= (LONG_FROM if fitted else RESIDUAL_UP_TO)
+    rank = (DEFAULT_RANK if with_residual else LONG_RANK) if rank is None else int(rank)
     if not (0 <= band < max_length and 0 <= rank <= max_length):
         raise ValueError(f"compact storage needs 0 <= band < L and 0 <= rank <= L (L={max_length}); got {band}, {rank}")
     return CompactLayout(max_length, band, rank, special_slots(max_length, pairs))

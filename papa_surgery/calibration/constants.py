@@ -53,6 +53,8 @@ class Constants(ConstantsBase):
     variance: torch.Tensor | None = None
     metadata: dict = field(default_factory=dict)
 
+    storage = "dense"
+
     def __post_init__(self):
         if self.values.dim() != 4 or self.values.shape[-2:] != (self.max_length, self.max_length):
             raise ValueError(
@@ -133,7 +135,7 @@ class Constants(ConstantsBase):
 
         if trainable and storage == "compact":
             raise ValueError("trainable constants are stored dense; drop storage='compact' or trainable_constants")
-        return None if trainable else layout_for(storage, self.max_length, self.pairs, band, rank)
+        return None if trainable else layout_for(storage, self.max_length, self.pairs, band, rank, fitted=True)
 
     def layer_constants(self, layer: int, heads) -> torch.Tensor:
         return self.values[layer, sorted(heads)]  # (Hc, L, L)

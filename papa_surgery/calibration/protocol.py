@@ -38,7 +38,8 @@ class ConstantsBase(Compatibility):
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
-        ConstantsBase._storages[cls.storage] = cls
+        if "storage" in cls.__dict__:  # a storage's own class, not a subclass someone derives from it
+            ConstantsBase._storages[cls.storage] = cls
 
     @staticmethod
     def storage_class(storage: str) -> type:
@@ -78,8 +79,9 @@ class ConstantsBase(Compatibility):
 
     def key(self) -> tuple:
         """What identifies these constants across runs and process counts: how they were made, not when."""
-        meta = self.metadata
-        return (self.kind, self.max_length, self.pairs, meta.get("corpus"), meta.get("examples"))
+        meta, layout = self.metadata, self.layout
+        held = (self.storage,) if layout is None else (self.storage, layout.band, layout.rank)  # variances differ
+        return (self.kind, self.max_length, self.pairs, meta.get("corpus"), meta.get("examples"), *held)
 
     # -- what a conversion reads --------------------------------------------------------------------------------
     def conversion_layout(self, storage: str, trainable: bool, band=None, rank=None):

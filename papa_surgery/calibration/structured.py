@@ -215,17 +215,18 @@ class StructuredAccumulator(BlockSink):
             for _, index in ex.special:
                 self.rows_counts[index].index_add_(0, s, ones)
                 self.cols_counts[:, index].index_add_(0, s, ones)
-            for a0, a1 in self.chunks(ex.n):
+            for a0, a1 in self.chunks(ex.n):  # row blocks: no (n, n) tensor for a long example
                 self.cells += (1.0 / self.layouts.counts_at(s[a0:a1], s).to(self.device)).sum()
-            for r0, r1, c0, c1, offset in ex.blocks(0, ex.n, 0, ex.n):
-                start = offset - (r1 - r0 - 1) + self.max_length - 1
-                diagonal = torch.arange(r1 - r0 + c1 - c0 - 1, device=self.device)
-                lengths = torch.minimum(torch.minimum(diagonal + 1, r1 + c1 - r0 - c0 - 1 - diagonal),
-                                        torch.tensor(min(r1 - r0, c1 - c0), device=self.device))  # fmt: skip
-                self.body_counts[start : start + len(diagonal)] += lengths.double()
-                inverse = self._inverse_counts(ex, r0, r1, c0, c1)  # (R, C)
-                far = self._far(diagonal_sums(inverse[None].double())[0], offset, r1 - r0, w)
-                self.far_cells[start : start + len(diagonal)] += far
+                for r0, r1, c0, c1, offset in ex.blocks(a0, a1, 0, ex.n):
+                    rows, cols = r1 - r0, c1 - c0
+                    start = offset - (rows - 1) + self.max_length - 1
+                    diagonal = torch.arange(rows + cols - 1, device=self.device)
+                    # cells on each diagonal of a rows x cols block
+                    lengths = (diagonal + 1).clamp(max=min(rows, cols)).minimum(rows + cols - 1 - diagonal)
+                    self.body_counts[start : start + len(diagonal)] += lengths.double()
+                    inverse = self._inverse_counts(ex, r0, r1, c0, c1)  # (R, C)
+                    far = self._far(diagonal_sums(inverse[None].double())[0], offset, rows, w)
+                    self.far_cells[start : start + len(diagonal)] += far
 
     def _band_cells(self, rows: torch.Tensor, cols: torch.Tensor):
         """For every row slot and band offset k: whether ``cols`` (increasing slots) has slot row + k, its position
@@ -256,7 +257,7 @@ class StructuredAccumulator(BlockSink):
 
     # -- per layer: the attention ------------------------------------------------------------------------------------
     def add_block(self, layer: int, e: int, a0: int, a1: int, b0: int, b1: int, p: torch.Tensor) -> None:
-        ex, p = self.batch[e], p.detach()
+        ex, p = self.batch[e], p.detach().float()  # fp16/bf16 attention (forward hooks) is summed in fp32 at least
         rows, cols = ex.slots[a0:a1], ex.slots[b0:b1]
         hit, at, flat = self._band_cells(rows, cols)
         band = p.gather(2, at.expand(p.shape[0], -1, -1)).double() * hit  # (H, c, 2w+1)

@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 
 from .. import __version__
+from ..failures import spell
 from ..hub_code.compact_constants import COMPACT_PARTS, CompactLayout, rebuild, special_slots
 from ..hub_code.structured_constants import StructuredSlots
 from .coverage import coverage_summary
@@ -127,7 +128,7 @@ class StructuredConstants(ConstantsBase):
                 f"these constants are stored compact at L={self.max_length}: dense (L, L) matrices per head (dense "
                 f"storage, trainable constants, the lambda ranking, distilled and labelled kinds) would take "
                 f"{gigabytes:.1f} GB; keep compact storage with a label-free ranking (variance, first-to-last, ...) "
-                f"and the average or a data-free kind, or use max_length <= {DENSE_VIEW_UP_TO}"
+                f"and the average or a data-free kind, or use {spell('max_length', DENSE_VIEW_UP_TO)} or less"
             )
         heads = range(self.num_heads)
         values = torch.stack([rebuild(self.layer_parts(layer, heads), self.layout) for layer in range(self.num_layers)])

@@ -15,6 +15,7 @@ from .description import (
     calibrated_on_text,
     format_coverage,
     offset_profile_text,
+    ranking_text,
     sentence_transformers_text,
     shorter_than_source_text,
 )
@@ -154,7 +155,7 @@ def render_card(
         fraction_percent=_percent(fraction),
         fraction_text="?" if fraction is None else f"{fraction:.4g}",
         kind=d["kind"],
-        method=d["method"],
+        method=ranking_text(d),
         max_length=int(d["max_length"]),
         shorter_text=shorter_than_source_text(d),
         calibrated_on=calibrated_on_text(d),

@@ -25,6 +25,15 @@ def human_size(n: int) -> str:
     return f"{n} B"
 
 
+def ranking_text(d: dict) -> str:
+    """The ranking method that chose the constant heads, in words: at fraction 0 or 1 none is needed."""
+    if d.get("method"):
+        return d["method"]
+    if d.get("num_constant_heads") == d.get("num_heads_total"):
+        return "none (every head is constant, whatever the order)"
+    return "none (no head is constant)" if not d.get("num_constant_heads") else "not recorded"
+
+
 def format_description(d: dict) -> str:
     """Human-readable text of ``describe``'s dict (what ``papa-surgery inspect DIR`` prints)."""
     fraction = d["fraction"]
@@ -37,7 +46,7 @@ def format_description(d: dict) -> str:
         f"  constant heads  {d['num_constant_heads']} of {d['num_heads_total']}"
         + (f" (fraction {fraction:.4g})" if fraction is not None else ""),
         f"  kind            {d['kind']}",
-        f"  ranking         {d['method']}",
+        f"  ranking         {ranking_text(d)}",
         f"  slots (L)       {d['max_length']}   dtype {d['constants_dtype']}"
         + f"   storage {d['constants_storage']}"
         + ("   trainable" if d["trainable_constants"] else ""),

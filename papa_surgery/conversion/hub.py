@@ -258,6 +258,8 @@ def push(
         _stage(folder, staging, repo_id)
         commit = dict(repo_type="model", revision=revision, create_pr=create_pr, commit_message=commit_message)
         try:
-            return _with_retries(lambda: api.create_commit(repo_id, _operations(staging), **commit))
+            # a pull request is opened by the commit itself: a retry after a lost answer could open a second one
+            attempts = 1 if create_pr else 3
+            return _with_retries(lambda: api.create_commit(repo_id, _operations(staging), **commit), attempts)
         except Exception as err:  # HTTP errors and connection failures: nothing local changed
             raise _explain(err, repo_id, folder, "uploading") from err

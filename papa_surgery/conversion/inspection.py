@@ -130,7 +130,8 @@ def constants_structure(folder: Path) -> str | None:
     layout = _compact_layout(folder)
     if layout is None:
         return None
-    from ..hub_code.structured_constants import STRUCTURED_FROM
+    from ..hub_code.constant_heads import PREPARED_UP_TO
+    from ..hub_code.structured_constants import LOCAL_STRUCTURED_FROM, STRUCTURED_FROM
 
     text = (
         f"cells within {layout.band} of the diagonal and the rows and columns of slots "
@@ -139,9 +140,12 @@ def constants_structure(folder: Path) -> str | None:
     )
     if layout.clamped:
         return text + "; rebuilt into L x L matrices at load (format 1)"
+    if layout.max_length <= PREPARED_UP_TO:
+        return text + "; used as stored, rebuilt once per load into the matrices every input slices"
     return text + (
-        f"; used as stored, and from {STRUCTURED_FROM} slots in use on applied without forming the matrices "
-        "(the profile as an FFT convolution, O(n log n))"
+        f"; used as stored, and from {STRUCTURED_FROM} slots in use on ({LOCAL_STRUCTURED_FROM} in a local layer) "
+        "applied without forming the matrices (the profile as an FFT convolution, O(n log n)); a shorter batch's "
+        "matrix is built from the parts"
     )
 
 

@@ -237,7 +237,7 @@ def rebuild_papa_model(papa, *, trainable_constants: bool = False, storage: str 
     if not trainable_constants:
         band, rank = compact or (getattr(config, "papa_compact_band", None), getattr(config, "papa_compact_rank", None))
         pairs = getattr(config, "papa_calibrated_on", None) == "pairs"
-        layout = layout_for(storage, int(config.papa_max_length), pairs, band, rank)
+        layout = layout_for(storage, int(config.papa_max_length), pairs, band, rank, fitted=True)
     dropped = ("model_type", "architectures", "auto_map", "transformers_version", "_name_or_path")
     fields = {k: v for k, v in config.to_dict().items() if k not in dropped}
     fields.update(

@@ -269,6 +269,8 @@ def run_calibrate(
     """``papa-surgery calibrate``: write a constants file (``distilled``: for an attention-free model); ``storage``
     (``--storage``, ``--compact-band``, ``--compact-rank``): the storage the constants are calibrated for."""
     out = check_output_file(out, overwrite, "constants")
+    if storage is not None:
+        registry.check_calibration_storage(kind, storage.storage, storage.compact_band, storage.compact_rank)
     _, config, source, _ = _source(model_name, run.trust_remote_code)
     check_source_config(config, model_name)
     if cal.max_length is not None:
