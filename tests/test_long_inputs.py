@@ -287,3 +287,25 @@ def test_half_precision_attention_is_summed_in_full_precision(tiny, monkeypatch,
     for name, part in seen[True].parts.items():
         assert torch.allclose(seen[False].parts[name], part, rtol=1e-6, atol=1e-9), name
     assert torch.allclose(seen[False].variance, seen[True].variance, rtol=1e-5, atol=1e-12)
+
+
+def test_a_probe_sweep_takes_constants_calibrated_into_the_structure(tiny_folder, tmp_path):
+    """A sweep at L=600 (above 512: the average calibrated into the structure) ranks, converts and probes with those
+    constants, keeps them on disk as a compact file, reads them back on a rerun, and its labelled kind trains their
+    dense matrices."""
+    from test_sweep import write_sst2
+
+    from papa_surgery.experiments import SweepConfig, run_sweep
+
+    config = SweepConfig(
+        model=str(tiny_folder("modernbert", max_position_embeddings=1024)), tasks=("sst2",), fractions=(0.5,),
+        seeds=1, data_dir=str(write_sst2(tmp_path / "data")), epochs=1, max_length=600, calibration_batch_size=16,
+        kinds=("average", "toeplitz", "labeled-average"), methods=("variance",),
+    )  # fmt: skip
+    out = tmp_path / "results.jsonl"
+    rows = run_sweep(config, out, progress=False)
+    assert sorted(r["kind"] for r in rows) == ["average", "labeled-average", "toeplitz"]
+    assert all(r["max_length"] == 600 and r["constant_heads"] == 4 for r in rows)
+    saved = [Constants.load(p) for p in (tmp_path / "results.artifacts").glob("constants-*.safetensors")]
+    assert saved and all(isinstance(c, StructuredConstants) for c in saved)
+    assert run_sweep(config, out, progress=False) == rows  # resumed from the file: nothing left to do
