@@ -182,6 +182,9 @@ def test_dense_work_that_cannot_fit_is_refused_before_it_starts(tiny, tiny_folde
         assert done.exit_code == 1 and "more than this machine's 1 GB" in done.output, done.output
         assert f"use a smaller {fix}" in done.output or f"({fix}" in done.output, done.output
         assert "Traceback" not in done.output and not out.exists()
+    done = cli("analyze", folder, "--corpus", corpus, "--max-length", length, "--out", tmp_path / "an", "norms")
+    assert done.exit_code == 1 and "making norm-average constants at L=4096" in done.output, done.output
+    assert not (tmp_path / "an").exists()
     ckpt = tmp_path / "ckpt"
     assert (
         cli("convert", folder, "--fraction", "1", "--max-length", length, "--kind", "zeros", "--out", ckpt).exit_code

@@ -131,6 +131,13 @@ def analyze(
     """
     if which not in WHICH:
         raise ValueError(f"unknown analysis {which!r}; choose one of {', '.join(WHICH)}")
+    from .. import registry
+    from ..calibration.budget import check_kind_fits
+    from ..models.families import num_heads_layers
+
+    heads_per_layer, layers = num_heads_layers(model.config)
+    kind = registry.kind("norm-average" if which == "norms" else "effective-average")
+    check_kind_fits(kind, (layers, heads_per_layer), max_length)  # its averages are dense (L, L) matrices
     out_dir = Path(out_dir)
     state = stream(
         model,
