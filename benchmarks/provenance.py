@@ -25,8 +25,12 @@ RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def add_save_option(parser) -> None:
-    """``--save``: write the results and their provenance under ``benchmarks/results/``."""
-    parser.add_argument("--save", action="store_true", help="write results/<benchmark>.json and .txt (provenance)")
+    """``--save [TAG]``: write the results and their provenance under ``benchmarks/results/`` (``<benchmark>.json``,
+    or ``<benchmark>-<TAG>.json`` for one configuration of several: ``--save mpnet-fraction-0.5``)."""
+    parser.add_argument(
+        "--save", nargs="?", const="", default=None, metavar="TAG",
+        help="write results/<benchmark>[-TAG].json and .txt (the results with their provenance)",
+    )  # fmt: skip
 
 
 def provenance() -> dict:
@@ -64,8 +68,11 @@ def provenance() -> dict:
 class Record:
     """The rows a benchmark adds, and what it printed (stdout is teed into it until :meth:`finish`)."""
 
-    def __init__(self, name: str, save: bool):
-        self.name, self.save, self.rows, self.printed = name, save, [], io.StringIO()
+    def __init__(self, name: str, save: str | bool | None):
+        tag = save if isinstance(save, str) else ""
+        self.name = f"{name}-{tag}" if tag else name
+        self.save = save is not None and save is not False  # --save: "" (no tag) or a tag
+        self.rows, self.printed = [], io.StringIO()
         self._stdout = sys.stdout
         sys.stdout = _Tee(self._stdout, self.printed)
 
@@ -101,14 +108,14 @@ class _Tee(io.TextIOBase):
             stream.flush()
 
 
-def start_record(name: str, save: bool) -> Record:
+def start_record(name: str, save: str | bool | None) -> Record:
     """A :class:`Record` of the benchmark ``name``: call ``record.finish()`` when it is done (nothing is written if
     it fails before)."""
     return Record(name, save)
 
 
 @contextlib.contextmanager
-def recorded(name: str, save: bool) -> Iterator[Record]:
+def recorded(name: str, save: str | bool | None) -> Iterator[Record]:
     """Run a benchmark's body with its output teed into a :class:`Record`; with ``save``, write the result files
     when the body completes."""
     record = start_record(name, save)
