@@ -28,7 +28,7 @@ from papa_surgery.hub_code.compact_constants import COMPACT_PARTS, CompactLayout
 from papa_surgery.hub_code.modeling_papa import attention_modules
 from papa_surgery.hub_code.slot_plan import SlotPlan
 from papa_surgery.hub_code.slots import reference_constant_attention
-from papa_surgery.hub_code.structured_constants import StructuredSlots, _fft_size
+from papa_surgery.hub_code.structured_constants import BuiltSlots, StructuredSlots, _fft_size
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -254,3 +254,26 @@ def test_each_layer_takes_the_product_its_crossover_picks():
             plan = SlotPlan.from_tokens(torch.full((1, n), 7), torch.ones(1, n, dtype=torch.long), 4096)
             chosen = constant_heads.compressed_constants(holder, plan, torch.float32, window)
             assert isinstance(chosen, StructuredSlots) == structured, (threshold, window, n)
+            assert structured or isinstance(chosen, BuiltSlots), (threshold, window, n)
+
+
+def test_built_c_s_in_head_groups_equals_the_whole_dense_block(monkeypatch):
+    """Below the crossover ``C_S`` is built and applied a few heads at a time (``BuiltSlots``): its products equal
+    the whole (Hc, S, S) block's, whatever the group size."""
+    from papa_surgery.hub_code import structured_constants
+
+    length, g = 100, torch.Generator().manual_seed(7)
+    layout = CompactLayout(length, 3, 2, special_slots(length, True))
+    parts = random_parts(layout, 5, g)
+    half = length // 2
+    order = torch.cat([torch.tensor([length - 1]), torch.arange(30), half + torch.arange(20)])
+    structured = StructuredSlots(parts, layout, order, [(1, 0, 30), (31, half, 20)], torch.float32)
+    whole = structured.dense()
+    x = torch.randn(5, structured.size, 7, generator=g)
+    for workspace in (1, 2 * structured.size**2 * 4, 2**22):  # one head, two heads, every head per group
+        monkeypatch.setattr(structured_constants, "BUILT_WORKSPACE", workspace)
+        built = structured.built()
+        assert torch.allclose(built.product(x), whole.product(x), atol=1e-5)
+        assert torch.allclose(built.band_product(x, 4), whole.band_product(x, 4), atol=1e-5)
+    rows, cols = torch.randint(0, structured.size, (3, 4)), torch.randint(0, structured.size, (3, 6))
+    assert torch.allclose(structured.built().cells(rows, cols), whole.cells(rows, cols))

@@ -98,7 +98,9 @@ def compressed_constants(module, plan: SlotPlan, dtype: torch.dtype, window: int
         parts = {name: getattr(module, name) for name in COMPACT_PARTS}
         structured = StructuredSlots.of_plan(parts, layout, plan, torch.promote_types(dtype, torch.float32))
         by_parts = plan.size >= (STRUCTURED_FROM if window is None else LOCAL_STRUCTURED_FROM)
-        return structured if by_parts and not is_tracing() else structured.dense()
+        if is_tracing():
+            return structured.dense()
+        return structured if by_parts else structured.built()
     if layout is None and (is_tracing() or (torch.is_grad_enabled() and any(t.requires_grad for t in sources))):
         order = plan.slot_order  # in the graph: gradients reach trainable constants, exports need no state
         return DenseSlots(_dense(module).index_select(1, order).index_select(2, order).to(dtype).clamp_min(0))

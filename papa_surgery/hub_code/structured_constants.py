@@ -47,6 +47,7 @@ STRUCTURED_FROM = 1000
 LOCAL_STRUCTURED_FROM = 700
 BLOCK = 64  # rows per block of a banded product
 WORKSPACE = 2**24  # bytes of temporaries a structured product may hold at once (heads are taken in groups)
+BUILT_WORKSPACE = 2**22  # bytes of built C_S blocks held at once, whatever the input's size (a few heads at S = 512)
 
 
 class DenseSlots:
@@ -172,6 +173,10 @@ class StructuredSlots:
             return DenseSlots(self.traceable_cells(idx, idx))
         return DenseSlots(self._built())
 
+    def built(self) -> BuiltSlots:
+        """``C_S`` built from the parts a group of heads at a time, each group applied with one GEMM."""
+        return BuiltSlots(self)
+
     def _built(self) -> torch.Tensor:
         """(Hc, S, S) ``C_S`` at memory speed: the profile part of each pair of segments is a Toeplitz block, copied
         from a strided (Hankel) view of the profile, not gathered cell by cell; the residual is one product; then the
@@ -200,14 +205,17 @@ class StructuredSlots:
 
     # -- products ------------------------------------------------------------------------------------------------
 
-    def _by_heads(self, method, x: torch.Tensor, *args) -> torch.Tensor:
-        """``method(x, *args)`` on groups of heads whose temporaries (about a dozen copies of a head's (S, C) values
-        each: FFT spectra, blocks, windows) fit twice the input's size and ``WORKSPACE`` bytes, so memory stays near
-        the input's size. (At S = 512 a fixed 16 MiB workspace held more than the whole forward of the source:
-        peak 20.1 MiB against 17.3; bench_long.py, memory.)"""
+    def _by_heads(self, method, x: torch.Tensor, *args, per_head: int | None = None) -> torch.Tensor:
+        """``method(x, *args)`` on groups of heads whose temporaries (``per_head`` bytes a head; by default about a
+        dozen copies of a head's (S, C) values: FFT spectra, blocks, windows) fit twice the input's size (at least
+        ``BUILT_WORKSPACE``) and ``WORKSPACE`` bytes, so memory stays near the input's size. (At S = 512 a fixed
+        16 MiB workspace held more than the whole forward of the source: peak 20.1 MiB against 17.3; bench_long.py,
+        memory.)"""
         x = x.to(self.dtype)
-        per_head = 12 * x.shape[1] * x.shape[2] * x.element_size()
-        group = max(1, min(WORKSPACE, 2 * x.numel() * x.element_size()) // per_head)
+        floor = 0 if per_head is None else BUILT_WORKSPACE  # built blocks: a few heads at once, whatever x's size
+        per_head = per_head or 12 * x.shape[1] * x.shape[2] * x.element_size()
+        budget = min(WORKSPACE, max(2 * x.numel() * x.element_size(), floor))
+        group = max(1, budget // per_head)
         if group >= x.shape[0]:
             return method(self, x, *args)
         out = torch.empty_like(x)
@@ -307,3 +315,36 @@ def _fft_size(n: int) -> int:
             p35 *= 3
         p5 *= 5
     return best
+
+
+class BuiltSlots:
+    """``C_S`` of compact constants built from the parts (``StructuredSlots._built``) a group of heads at a time,
+    each group applied with one GEMM: the speed of a dense ``C_S`` below the crossovers, with its (S, S) blocks held
+    only for a few heads at once (the whole (Hc, S, S) at S = 512 doubled a batch-1 forward's peak memory)."""
+
+    def __init__(self, structured: StructuredSlots):
+        self.structured = structured
+
+    def _per_head(self) -> int:
+        size = self.structured.size
+        return size * size * torch.finfo(self.structured.dtype).bits // 8
+
+    def product(self, x: torch.Tensor) -> torch.Tensor:
+        """(Hc, S, C) ``C_S x`` for x (Hc, S, C)."""
+        return self.structured._by_heads(_built_product, x, per_head=self._per_head())
+
+    def band_product(self, x: torch.Tensor, width: int) -> torch.Tensor:
+        """(Hc, S, C) the product with ``C_S`` kept only where 1 <= i, j and |i - j| <= ``width``."""
+        return self.structured._by_heads(_built_band_product, x, width, per_head=2 * self._per_head())
+
+    def cells(self, rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
+        """(Hc, ..., R, C') cells at compressed rows (..., R) x columns (..., C')."""
+        return self.structured.cells(rows, cols)
+
+
+def _built_product(slots: StructuredSlots, x: torch.Tensor) -> torch.Tensor:
+    return torch.bmm(slots._built(), x)  # (h, S, S) (h, S, C)
+
+
+def _built_band_product(slots: StructuredSlots, x: torch.Tensor, width: int) -> torch.Tensor:
+    return DenseSlots(slots._built()).band_product(x, width)
