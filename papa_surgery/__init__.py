@@ -34,6 +34,7 @@ _LAZY = {
     "analyze": "api",
     "heal": "healing.api",
     "distill": "healing",
+    "sharpen": "healing",
     "Constants": "calibration",
     "StructuredConstants": "calibration",
     "Ranking": "ranking",

@@ -120,9 +120,10 @@ def calibrate(
     _tokenizer(tokenizer)
     chosen = registry.kind(kind)
     if chosen.made == registry.TRAINED:
+        fit = {"distilled": "distill", "sharpened": "sharpen"}[chosen.name]
         raise ValueError(
-            "distilled constants are trained for the heads being made constant: calibrate the average, then "
-            "papa_surgery.distill(model, tokenizer, corpus, constants, heads)"
+            f"{chosen.name} constants are fitted for the heads being made constant: calibrate the average, then "
+            f"papa_surgery.{fit}(model, tokenizer, corpus, constants, heads)"
         )
     cal = CalibrationOptions(max_length=max_length, pairs=pairs, max_examples=max_examples)
     layout = ConvertOptions(fraction=0, storage=storage, compact_band=compact_band, compact_rank=compact_rank)

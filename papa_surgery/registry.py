@@ -56,6 +56,12 @@ class Kind:
 _KINDS = (
     Kind("average", "the paper's: each head's attention averaged over an unlabelled corpus (3.1)", CALIBRATED),
     Kind("distilled", "the average, trained to match the source's hidden states (label-free)", TRAINED, "average"),
+    Kind(
+        "sharpened",
+        "the average, each layer's rows raised to a power fitted to the source's hidden states (label-free)",
+        TRAINED,
+        "average",
+    ),
     Kind("identity", "each token attends to itself", DATA_FREE),
     Kind("toeplitz", "harmonic: weight 1 / (1 + |i - j|)", DATA_FREE),
     Kind("zeros", "the head contributes nothing", DATA_FREE),

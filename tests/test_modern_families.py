@@ -209,10 +209,11 @@ def test_every_kind_method_and_path_runs(tiny, tmp_path, model_type):
     rows = "".join(f"{s}\t{i % 2}\n" for i, s in enumerate(sentences * 4))
     (data / "train.tsv").write_text("sentence\tlabel\n" + rows)
     (data / "dev.tsv").write_text("sentence\tlabel\n" + rows)
-    kinds = [k for k in KINDS if k != "distilled"]  # distilled is trained for the heads made constant: below
+    kinds = [k for k in KINDS if k not in ("distilled", "sharpened")]  # fitted for the heads made constant: below
     by_kind = {kind: api.calibrate(src, tok, sentences, kind=kind, max_length=L, progress=False) for kind in kinds}
     every = [[layer, h] for layer in range(LAYERS) for h in range(HEADS)]
     by_kind["distilled"] = papa_surgery.distill(src, tok, sentences, by_kind["average"], every, steps=2, progress=False)
+    by_kind["sharpened"] = papa_surgery.sharpen(src, tok, sentences, by_kind["average"], every, progress=False)
     assert all(c.values.shape == (LAYERS, HEADS, L, L) and c.kind == k for k, c in by_kind.items())
     assert torch.equal(by_kind["identity"].values[1, 2], torch.eye(L))  # data-free kinds are their matrices
     assert torch.equal(by_kind["zeros"].values, torch.zeros(LAYERS, HEADS, L, L))

@@ -43,7 +43,7 @@ def _refuse_calibration_with_constants(ctx, constants_file: str | None) -> None:
             param_hint="'--max-length'",
         )
     for name in ("corpus", "pairs", "max_examples"):
-        if name != "pairs" and (ctx.params.get("kind") == "distilled" or ctx.params.get("heal_steps")):
+        if name != "pairs" and (ctx.params.get("kind") in registry.TRAINED_KINDS or ctx.params.get("heal_steps")):
             continue  # distilling or healing reads a corpus
         if given(ctx, name):
             flag = "--" + name.replace("_", "-")

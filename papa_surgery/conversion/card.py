@@ -17,6 +17,7 @@ from .description import (
     offset_profile_text,
     ranking_text,
     sentence_transformers_text,
+    sharpness_text,
     shorter_than_source_text,
 )
 from .healed import healing_table
@@ -155,6 +156,7 @@ def render_card(
         fraction_percent=_percent(fraction),
         fraction_text="?" if fraction is None else f"{fraction:.4g}",
         kind=d["kind"],
+        kind_note=f" ({sharpness_text(d['sharpened'])})" if d.get("sharpened") else "",
         method=ranking_text(d),
         max_length=int(d["max_length"]),
         shorter_text=shorter_than_source_text(d),

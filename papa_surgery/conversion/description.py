@@ -34,6 +34,14 @@ def ranking_text(d: dict) -> str:
     return "none (no head is constant)" if not d.get("num_constant_heads") else "not recorded"
 
 
+def sharpness_text(fit: dict) -> str:
+    """Each layer's fitted exponent, in words: ``exponent per layer 0: 1.5, 1: 2 (layers objective 0.41 -> 0.33)``."""
+    exponents = ", ".join(f"{layer}: {p:g}" for layer, p in fit.get("exponents", {}).items()) or "none"
+    before, after = fit.get("loss_average"), fit.get("loss_sharpened")
+    change = f"; fitting objective {before:.3g} -> {after:.3g}" if before is not None and after is not None else ""
+    return f"exponent per layer {exponents}{change}"
+
+
 def format_description(d: dict) -> str:
     """Human-readable text of ``describe``'s dict (what ``papa-surgery inspect DIR`` prints)."""
     fraction = d["fraction"]
@@ -45,7 +53,7 @@ def format_description(d: dict) -> str:
         f"  source          {_source_text(d)}",
         f"  constant heads  {d['num_constant_heads']} of {d['num_heads_total']}"
         + (f" (fraction {fraction:.4g})" if fraction is not None else ""),
-        f"  kind            {d['kind']}",
+        f"  kind            {d['kind']}" + (f" ({sharpness_text(d['sharpened'])})" if d.get("sharpened") else ""),
         f"  ranking         {ranking_text(d)}",
         f"  slots (L)       {d['max_length']}   dtype {d['constants_dtype']}"
         + f"   storage {d['constants_storage']}"

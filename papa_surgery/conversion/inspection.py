@@ -223,6 +223,7 @@ def describe(folder) -> dict:
         "constant_heads": heads,
         "grid": grid,
         "kind": config.get("papa_kind") or recipe.get("kind"),
+        "sharpened": recipe.get("sharpened"),
         "method": config.get("papa_method") or ranking.get("method"),
         "ranking_provenance": ranking.get("provenance"),
         "max_length": config.get("papa_max_length"),

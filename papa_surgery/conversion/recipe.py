@@ -59,6 +59,15 @@ def build_recipe(model, constants: Constants, ranking=None, command: str | None 
         "constant_heads": config.papa_constant_heads,
         "num_heads_total": heads * layers,
         "coverage": constants.summary().get("coverage"),
+        **_fitted(constants.metadata),
         "command": command,
         "library_versions": library_versions(),
     }
+
+
+def _fitted(metadata: dict) -> dict:
+    """How ``sharpened`` constants were fitted (each layer's exponent, the objective before and after)."""
+    fit = metadata.get("sharpened")
+    if not fit:
+        return {}
+    return {"sharpened": {k: v for k, v in fit.items() if k != "heads"}}

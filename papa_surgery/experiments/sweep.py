@@ -74,7 +74,7 @@ class _Cells:
         healed = healed and bool(heads)  # fraction 0 is the source: nothing to heal
         # Constants matter only for constant heads: fraction 0 is the source whatever the kind or corpus.
         constants = art.constants_for(kind if heads else "zeros", spec, task, length, heads=heads)
-        calibrated = bool(heads) and kind in ("average", "distilled", "labeled-average")
+        calibrated = bool(heads) and kind in ("average", *registry.TRAINED_KINDS, "labeled-average")
         labeled = bool(heads) and kind.startswith("labeled-")
         identity = (
             task.name,

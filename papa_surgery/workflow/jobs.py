@@ -151,7 +151,7 @@ def run_convert(
     if heads is None:
         heads = ranking.select(conv.fraction)
     if kind.made == registry.TRAINED:  # distilled for exactly the heads this checkpoint makes constant
-        constants = flow.distilled(constants, heads, corpus, distill)
+        constants = flow.trained(kind.name, constants, heads, corpus, distill)
     papa = flow.convert(
         constants,
         ranking,

@@ -158,7 +158,7 @@ class Workflow:
         corpus = corpus if isinstance(corpus, Corpus) else open_corpus(corpus, pairs=pairs, max_examples=max_examples)
         if chosen.made == registry.TRAINED:
             start = self.constants(chosen.starts_from, corpus=corpus, max_length=max_length, storage="dense")
-            return self.distilled(start, heads, corpus, distill)
+            return self.trained(chosen.name, start, heads, corpus, distill)
         key = (chosen.name, corpus_key(corpus), max_length) + ((structure,) if structure else ())
         return self.cache.fetch("constants", key, lambda: self._average(chosen.name, corpus, max_length, structure))
 
@@ -181,31 +181,26 @@ class Workflow:
 
         return analysis_constants(kind, self.model, self.tokenizer, corpus, **options)
 
-    def distilled(self, constants, heads, corpus, options: DistillOptions | None = None):
-        """``constants`` with the matrices of ``heads`` (default: every head) distilled on ``corpus``."""
+    def trained(self, kind: str, constants, heads, corpus, options: DistillOptions | None = None):
+        """``constants`` with the matrices of ``heads`` (default: every head) fitted on ``corpus`` as the trained
+        ``kind`` says: ``distilled`` (trained toward the source's hidden states) or ``sharpened`` (an exponent per
+        layer fitted to them)."""
         from ..healing.distillation import distill
+        from ..healing.sharpness import sharpen
 
-        options = options or DistillOptions()
         layers, per_layer = self.shape
         heads = [[layer, h] for layer in range(layers) for h in range(per_layer)] if heads is None else heads
         corpus = corpus if isinstance(corpus, Corpus) else open_corpus(corpus, pairs=constants.pairs)
-        key = ("distilled", corpus_key(corpus), constants.key(), tuple(map(tuple, heads)), options)
-
-        def make():
-            return distill(
-                self.model,
-                self.tokenizer,
-                corpus,
-                constants,
-                heads,
-                batch_size=self.run.batch_size,
-                seed=self.run.seed,
-                device=self.run.device,
-                progress=self.progress,
-                **options.kwargs(),
-            )
-
-        return self.cache.fetch("distilled", key, make)
+        run, common = self.run, dict(batch_size=self.run.batch_size, device=self.run.device, progress=self.progress)
+        if kind == "sharpened":  # the distillation options do not apply
+            fit = lambda: sharpen(self.model, self.tokenizer, corpus, constants, heads, **common)  # noqa: E731
+            options = None
+        else:
+            options = options or DistillOptions()
+            kwargs = {**common, "seed": run.seed, **options.kwargs()}
+            fit = lambda: distill(self.model, self.tokenizer, corpus, constants, heads, **kwargs)  # noqa: E731
+        key = (kind, corpus_key(corpus), constants.key(), tuple(map(tuple, heads)), options)
+        return self.cache.fetch("trained", key, fit)
 
     # -------------------------------------------------------------------------------------------- ranking
     def ranking(

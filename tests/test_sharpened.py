@@ -1,0 +1,154 @@
+"""Sharpened constants (issue 32): the average with an exponent per layer fitted to the source, label-free.
+
+What it must be: the average's matrices raised, per layer, to the exponent it fitted (the heads not made constant
+untouched); closer to the source than the average on held-out text by its own objective; the source at fraction 0;
+and, through the command line, a checkpoint that loads in a fresh process without the library and computes what
+the in-memory model computes.
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+
+import pytest
+import torch
+from conftest import SENTENCES, cli
+from test_checkpoint import LOADER, fresh_python, loader_job
+
+import papa_surgery
+from papa_surgery.calibration.average import calibrate
+from papa_surgery.calibration.coverage import CoverageWarning
+from papa_surgery.healing.distillation import distillation_loss
+from papa_surgery.healing.sharpness import sharpen, sharpened_values
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+L = 32
+HEADS = [[0, 0], [0, 1], [0, 2], [0, 3], [1, 0], [1, 1], [1, 2], [1, 3]]  # every head of the tiny BERT
+
+
+def _texts():
+    """The fitting text and held-out text of another make: the test sentences, and their words shuffled apart."""
+    g = torch.Generator().manual_seed(0)
+    words = " ".join(SENTENCES).split()
+    picks = [torch.randint(0, len(words), (n,), generator=g) for n in (6, 9, 14) * 6]
+    held_out = [" ".join(words[int(i)] for i in pick) for pick in picks]
+    return list(SENTENCES), held_out
+
+
+@pytest.fixture(scope="module")
+def average(tiny):
+    model, tok = tiny.model("bert"), tiny.tokenizer("bert")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", CoverageWarning)
+        return calibrate(model, tok, _texts()[0], max_length=L, progress=False)
+
+
+@pytest.fixture(scope="module")
+def sharpened(tiny, average):
+    model, tok = tiny.model("bert"), tiny.tokenizer("bert")
+    return sharpen(model, tok, _texts()[0], average, HEADS, batch_size=4, progress=False)
+
+
+def test_the_average_raised_to_each_layers_fitted_exponent(tiny, average, sharpened):
+    info = sharpened.metadata["sharpened"]
+    exponents = {int(layer): p for layer, p in info["exponents"].items()}
+    assert sharpened.kind == "sharpened" and info["from_kind"] == "average" and info["heads"] == HEADS
+    assert set(exponents) == {0, 1} and all(p in info["grid"] for p in exponents.values()) and 1.0 in info["grid"]
+    assert torch.equal(sharpened.values, sharpened_values(average, exponents, HEADS))
+    assert info["loss_sharpened"] <= info["loss_average"]  # p = 1 is a candidate: never worse on the fitting text
+    # The formula: each constant head's matrix raised to its layer's exponent, the other heads untouched.
+    some = [[0, 1], [1, 3]]
+    raised = sharpened_values(average, {0: 2.0, 1: 1.5}, some)
+    assert torch.allclose(raised[0, 1], average.values[0, 1].double().pow(2).float(), rtol=1e-6, atol=0)
+    assert torch.allclose(raised[1, 3], average.values[1, 3].double().pow(1.5).float(), rtol=1e-6, atol=0)
+    assert torch.equal(raised[0, 0], average.values[0, 0]) and torch.equal(raised[1, 2], average.values[1, 2])
+
+
+def test_each_layer_keeps_the_exponent_that_brings_it_closest(tiny, average, monkeypatch):
+    """Greedy from the first layer up: a layer is scored with the layers below at their chosen exponents, and keeps
+    its best; the constants returned are the average raised to those exponents."""
+    from papa_surgery.healing import sharpness
+    from papa_surgery.hub_code.modeling_papa import attention_modules
+
+    model, tok = tiny.model("bert"), tiny.tokenizer("bert")
+    best = {1: 2.0, 2: 0.75}  # hidden states after layer 0 are closest at p = 2, after layer 1 at p = 0.75
+    in_force, below = {}, []
+    real_set = sharpness._set
+
+    def set_exponent(module, start, p):
+        in_force[id(module)] = p
+        real_set(module, start, p)
+
+    def objective(papa, batches, which, index=None):
+        if which == "layers":
+            return 1.0
+        current = [in_force.get(id(m), 1.0) for m in attention_modules(papa)]
+        if index == 2:
+            below.append(current[0])
+        return abs(current[index - 1] - best[index])
+
+    monkeypatch.setattr(sharpness, "_set", set_exponent)
+    monkeypatch.setattr(sharpness, "_objective", objective)
+    fitted = sharpen(model, tok, _texts()[0], average, HEADS, batch_size=4, progress=False)
+    assert fitted.metadata["sharpened"]["exponents"] == {"0": 2.0, "1": 0.75}
+    assert below and set(below) == {2.0}  # layer 1 was scored with layer 0 at its choice
+    assert torch.equal(fitted.values, sharpened_values(average, {0: 2.0, 1: 0.75}, HEADS))
+
+
+@pytest.mark.slow
+@pytest.mark.real
+def test_closer_to_the_source_than_the_average_on_held_out_text(minilm):
+    """On the real all-MiniLM-L6-v2, every head constant: fitted on lines of the bundled excerpt, the sharpened
+    constants leave held-out lines closer to the source than the average does, by the fit's own objective."""
+    from papa_surgery.calibration.corpus import bundled_corpus
+
+    model, tok = minilm
+    lines = [line for line in bundled_corpus() if len(line.split()) >= 8]
+    fit, held_out = lines[:256], lines[-200:]
+    every = [[layer, h] for layer in range(6) for h in range(12)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", CoverageWarning)
+        average = calibrate(model, tok, fit, max_length=64, progress=False)
+        sharpened = sharpen(model, tok, fit, average, every, progress=False)
+        start = distillation_loss(model, tok, held_out, average, every)
+        end = distillation_loss(model, tok, held_out, sharpened, every)
+    exponents = sharpened.metadata["sharpened"]["exponents"]
+    assert any(p != 1.0 for p in exponents.values()), exponents
+    assert end < start, (start, end, exponents)
+
+
+def test_fraction_0_is_the_source(tiny, average):
+    model, tok = tiny.model("bert"), tiny.tokenizer("bert")
+    none = sharpen(model, tok, _texts()[0], average, [], progress=False)
+    assert torch.equal(none.values, average.values) and none.metadata["sharpened"]["exponents"] == {}
+    papa = papa_surgery.convert(model, none, "first-to-last", 0.0, tokenizer=tok)
+    enc = tok(["the movie was good", "a film"], padding=True, return_tensors="pt")
+    with torch.no_grad():
+        assert torch.allclose(papa(**enc)[0], model(**enc)[0], atol=1e-6, rtol=0)
+
+
+def test_the_api_names_the_fitting_function(tiny):
+    assert papa_surgery.sharpen is sharpen
+    with pytest.raises(ValueError, match=r"papa_surgery\.sharpen\(model, tokenizer, corpus, constants, heads\)"):
+        papa_surgery.calibrate(tiny.model("bert"), tiny.tokenizer("bert"), SENTENCES, kind="sharpened")
+    with pytest.raises(ValueError, match="grid"):
+        sharpen(tiny.model("bert"), tiny.tokenizer("bert"), SENTENCES, None, HEADS, grid=(0.0, 2.0))
+
+
+def test_convert_kind_sharpened_through_the_cli_loads_in_a_fresh_process(tiny_folder, tiny, corpus, tmp_path):
+    folder = tiny_folder("bert")
+    out = tmp_path / "ckpt"
+    args = ("convert", folder, "--kind", "sharpened", "--fraction", "0.5", "--max-length", L, "--corpus", corpus)
+    result = cli(*args, "--out", out)
+    assert result.exit_code == 0, result.output
+    config = json.loads((out / "config.json").read_text())
+    recipe = json.loads((out / "papa_recipe.json").read_text())
+    assert config["papa_kind"] == "sharpened" and recipe["kind"] == "sharpened"
+    assert "sharpened" in (out / "README.md").read_text()
+    papa = papa_surgery.load(out)[0]
+    job = loader_job(papa, tiny.tokenizer("bert"), "AutoModel", out, "sharpened", tmp_path)
+    (tmp_path / "jobs.json").write_text(json.dumps([job]))
+    done = fresh_python(LOADER, str(tmp_path / "jobs.json"), cwd=tmp_path)
+    assert "ALL-OK" in done.stdout, done.stderr[-3000:]
