@@ -30,7 +30,6 @@ from ..hub_code.modeling_papa import attention_modules, heads_by_layer
 from .objective import hidden_error
 
 GRID = (0.75, 1.0, 1.25, 1.5, 2.0, 2.5, 3.0)
-SCORE = "from"  # a layer's exponent is scored on its own hidden states and every later layer's
 __all__ = ["GRID", "sharpen", "sharpened_values"]
 
 
@@ -99,15 +98,15 @@ def sharpen(
             batches = _batches(model, tokenizer, examples, constants, batch_size, device)
             modules = dict(enumerate(attention_modules(papa)))
             starts = {layer: modules[layer].papa_constants.detach().clone() for layer in heads_by_layer(heads)}
-            before = _objective(papa, batches, "layers")
+            before = _objective(papa, batches)
             for layer in tqdm(sorted(starts), desc="sharpness", unit="layer", disable=not progress):
                 scores = {}
                 for p in grid:
                     _set(modules[layer], starts[layer], p)
-                    scores[p] = _objective(papa, batches, SCORE, layer + 1)
+                    scores[p] = _objective(papa, batches, first=layer + 1)
                 exponents[layer] = min(grid, key=lambda p: (scores[p], abs(p - 1.0)))  # ties: nearest the average
                 _set(modules[layer], starts[layer], exponents[layer])
-            after = _objective(papa, batches, "layers")
+            after = _objective(papa, batches)
         finally:
             restore()
     metadata = {
@@ -139,28 +138,26 @@ def _set(module, start: torch.Tensor, p: float) -> None:
 
 
 def _batches(model, tokenizer, examples, constants: Constants, batch_size: int, device):
-    """[(inputs, mask, the source's hidden states), ...] of the fitting text, computed once."""
+    """[(inputs, the source's hidden states), ...] of the fitting text, computed once."""
     out = []
     with torch.no_grad():
         for start in range(0, len(examples), batch_size):
             enc = encode(tokenizer, examples[start : start + batch_size], constants.max_length, pairs=constants.pairs)
             inputs = {k: v.to(device) for k, v in model_inputs(model, enc).items()}
             targets = model(**inputs, output_hidden_states=True).hidden_states
-            out.append((inputs, inputs["attention_mask"], targets))
+            out.append((inputs, targets))
     return out
 
 
 @torch.no_grad()
-def _objective(papa, batches, which: str, index: int | None = None) -> float:
-    """The relative hidden-state error over the fitting text: ``layers`` (every layer), ``layer`` (hidden states
-    ``index`` only), ``from`` (``index`` and every later one, averaged) or ``last``."""
+def _objective(papa, batches, first: int = 1) -> float:
+    """The relative hidden-state error over the fitting text, averaged over the hidden states from index ``first``
+    on (1: every layer's; a layer's choice reaches its own, ``layer + 1``, and every later one)."""
     total, count = 0.0, 0
-    for inputs, mask, targets in batches:
+    for inputs, targets in batches:
         outputs = papa(**inputs, output_hidden_states=True).hidden_states
-        if which == "layer":
-            outputs, targets = outputs[: index + 1], targets[: index + 1]
-        elif which == "from":  # every layer the choice reaches: this one and those above
-            outputs, targets = outputs[index - 1 :], targets[index - 1 :]
-        loss = hidden_error(outputs, targets, mask, "last" if which in ("layer", "last") else "layers")
-        total, count = total + float(loss) * len(mask), count + len(mask)
+        # hidden_error skips index 0 of what it is given: hand it the states from first - 1 on
+        loss = hidden_error(outputs[first - 1 :], targets[first - 1 :], inputs["attention_mask"], "layers")
+        count += len(targets[0])
+        total += float(loss) * len(targets[0])
     return total / count
