@@ -127,7 +127,8 @@ def test_fft_lengths_are_smooth_and_long_enough():
 # --- whole models -----------------------------------------------------------------------------------------
 
 
-def _reference_attention(module, plan, value, dropout=0.0, window=None, weights=False):
+def _reference_attention(module, plan, value, dropout=0.0, window=None, weights=False, heads=None):
+    value = value if heads is None else value.index_select(1, heads)  # (B, Hc, N, d)
     ctx, p = reference_constant_attention(constants_of(module), plan.slots, value, dropout, window, clamp=False)
     return ctx.transpose(1, 2), p if weights else None
 

@@ -5,7 +5,10 @@ normaliser are products with the *same* matrix for every example once the batch 
 slot space of ``slot_plan.py``: ``[m * V | m]`` of every token is scattered into an (S, B, d+1) block, multiplied
 by ``C_S`` (S x S, C's rows and columns of the slots in use) in one batched GEMM over the constant heads, and
 read back as ``numerator / normaliser``. No per-example (B, H, N, N) matrix is built; the only work besides the
-GEMM is O(B N d) scatter/gather.
+GEMM is O(B N d) scatter/gather. Where the batch's slots are the model's own and ``C_S`` is dense (every short
+batch), the block is gathered instead (each example's tokens sit on distinct rows) straight from every head's
+values, and the normaliser is ``C_S`` times the row mask: fewer, smaller kernels, which is what a short batch's
+time is made of (``_gathered``).
 
 A local (sliding-window) layer keeps only pairs of tokens at most w apart. In the compressed space, tokens of
 one segment are as far apart as their rows, so the window there is a fixed band of ``C_S``; what the band gets
@@ -120,30 +123,46 @@ def constant_attention(
     dropout: float = 0.0,
     window: int | None = None,
     weights: bool = False,
+    heads: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Context vectors of a module's constant heads: ``dropout(rownorm(C[slots] * mask)) @ V``.
 
     Args:
         module: the attention module holding the constants (``papa_constants`` or compact parts).
         plan: the batch's :class:`~slot_plan.SlotPlan`.
-        value: (B, Hc, N, d) value vectors of the constant heads.
+        value: (B, Hv, N, d) value vectors: of the constant heads (Hv = Hc), or of more heads with ``heads``.
         dropout: attention dropout probability (pass 0 in eval mode).
         window: a local layer's half window w (tokens farther apart get no weight).
         weights: also return the (B, Hc, N, N) probabilities used (materialised for the caller).
+        heads: (Hc,) which of ``value``'s heads the constant heads read, in order (``None``: all of them).
 
     Returns:
-        context (B, N, Hc, d) and the probabilities (B, Hc, N, N), or ``None`` when not asked for.
+        context (B, N, Hc, d) (possibly a strided view) and the probabilities (B, Hc, N, N), or ``None`` when not
+        asked for.
     """
+    clamp = _clamps(module)
     if dropout > 0 or (window is not None and not plan.structured):
         # Per-example matrices are needed anyway: dropout drops single cells of them; explicit slots say
         # nothing about where a window's tokens are in the compressed space.
-        ctx, p = reference_constant_attention(
-            constants_of(module), plan.slots, value, dropout, window, clamp=_clamps(module)
-        )
+        value = value if heads is None else value.index_select(1, heads)  # (B, Hc, N, d)
+        ctx, p = reference_constant_attention(constants_of(module), plan.slots, value, dropout, window, clamp=clamp)
         return ctx.transpose(1, 2), p if weights else None
+    matrix = compressed_constants(module, plan, value.dtype, window)  # C_S (Hc, S, S), dense or structured
+    if window is None and plan.structured and isinstance(matrix, DenseSlots) and not is_tracing():
+        context = _gathered(matrix, plan, value, heads)  # (B, N, Hc, d)
+        value = value if heads is None or not weights else value.index_select(1, heads)
+    else:
+        value = value if heads is None else value.index_select(1, heads)  # (B, Hc, N, d)
+        context = _scattered(matrix, plan, value, window)  # (B, N, Hc, d)
+    if not weights:
+        return context, None
+    return context, reference_constant_attention(constants_of(module), plan.slots, value, 0.0, window, clamp)[1]
+
+
+def _scattered(matrix, plan: SlotPlan, value: torch.Tensor, window: int | None) -> torch.Tensor:
+    """(B, N, Hc, d) context by scattering ``[v | 1]`` into the compressed rows (any plan, window, storage)."""
     b, hc, n, d = value.shape
     size = plan.size
-    matrix = compressed_constants(module, plan, value.dtype, window)  # C_S (Hc, S, S), dense or structured
     block = _scatter(plan, value)  # (Hc, S+1, B, d+1)
     rows = block[:, :size].reshape(hc, size, b * (d + 1))
     if window is None:
@@ -155,11 +174,29 @@ def constant_attention(
     else:  # the faster gather: one index into the (S B)-flattened rows
         out = out.view(hc, size * b, d + 1).transpose(0, 1).index_select(0, plan.gather * b + plan.cols)
     scale = plan.token_scale.to(out.dtype)[:, :, None] / out[..., d:].clamp_min(torch.finfo(out.dtype).tiny)
-    context = (out[..., :d] * scale).view(b, n, hc, d)  # (B, N, Hc, d)
-    if not weights:
-        return context, None
-    clamp = _clamps(module)
-    return context, reference_constant_attention(constants_of(module), plan.slots, value, 0.0, window, clamp)[1]
+    return (out[..., :d] * scale).view(b, n, hc, d)  # (B, N, Hc, d)
+
+
+def _gathered(matrix: DenseSlots, plan: SlotPlan, value: torch.Tensor, heads: torch.Tensor | None) -> torch.Tensor:
+    """(B, N, Hc, d) context of a structured plan with a dense ``C_S``, in few kernels (short batches' path).
+
+    Each example's tokens sit on distinct rows, so the (Hc, S, B, d) block of values is one gather from the
+    tokens (the constant heads picked in the same index), the normalisers are ``C_S`` times the row mask, and the
+    numerators one batched GEMM; no scatter into a zeroed block, no copy of the constant heads' values first.
+    """
+    b, hv, n, d = value.shape
+    size, mask = plan.size, plan.row_mask.to(value.dtype)  # mask (S, B)
+    heads = torch.arange(hv, device=value.device) if heads is None else heads
+    hc = heads.shape[0]
+    by_head = value.transpose(1, 2).reshape(b * n, hv, d).transpose(0, 1)  # (Hv, B N, d), a view for most layouts
+    block = by_head.index_select(0, heads).index_select(1, plan.row_tokens.view(-1)).view(hc, size, b, d)
+    block.mul_(mask[None, :, :, None])  # (Hc, S, B, d): rows without a token of the example hold zeros
+    numer = matrix.product(block.view(hc, size, b * d)).to(value.dtype).view(hc, size * b, d)  # (Hc, S B, d)
+    norm = torch.matmul(matrix.matrix, mask).to(value.dtype).view(hc, size * b, 1)  # (Hc, S B, 1)
+    at = plan.gather * b + plan.cols  # (B N,) each token's (row, example) in the flattened rows
+    scale = plan.token_scale.to(value.dtype)[None] / norm.index_select(1, at).clamp_min(torch.finfo(value.dtype).tiny)
+    context = numer.index_select(1, at) * scale  # (Hc, B N, d)
+    return context.view(hc, b, n, d).permute(1, 2, 0, 3)  # (B, N, Hc, d) view
 
 
 def _scatter(plan: SlotPlan, value: torch.Tensor) -> torch.Tensor:

@@ -171,9 +171,9 @@ def papa_attention_forward(
             key = key.index_select(1, torch.tensor(module.papa_key, device=key.device))  # (B, Hk, N, d)
         v_kept = value if heads.mixed else _value_heads(module, value, heads.kept)  # (B, Hk, N, d)
         kept_out, kept_w = base(module, query, key, v_kept, attention_mask, dropout=dropout, **kwargs)  # (B, N, Hk, d)
-    v_const = _value_heads(module, value, heads.const)  # (B, Hc, N, d)
     window = getattr(module, "papa_window", None)
-    const_out, const_p = constant_attention(module, papa_plan, v_const, dropout, window, weights=wants_weights)
+    const = _value_index(module, value, heads.const)  # (Hc,): the constant heads' values are read in place
+    const_out, const_p = constant_attention(module, papa_plan, value, dropout, window, wants_weights, const)
 
     logits = module.papa_lambda_logits if heads.mixed else None
     out = combine_heads(kept_out, const_out, heads, dim=2, lambda_logits=logits)  # (B, N, H, d)
@@ -196,6 +196,15 @@ def _value_heads(module: nn.Module, value: torch.Tensor, heads: Sequence[int]) -
     if value.shape[1] != h:  # GQA with nothing shrunk (lambda training): each query head reads its group's
         value = value.repeat_interleave(h // value.shape[1], dim=1)  # (B, H, N, d)
     return select_heads(value, heads, h)
+
+
+def _value_index(module: nn.Module, value: torch.Tensor, heads: Sequence[int]) -> torch.Tensor:
+    """(len(heads),) which of ``value``'s (B, Hv, N, d) heads each query head of ``heads`` reads (its group's
+    under GQA), for a caller that gathers them itself rather than from a copy."""
+    kv = getattr(module, "papa_kv", None)
+    group = 1 if kv is not None else module.papa_heads.num_heads // value.shape[1]  # GQA unshrunk: h // g
+    index = [kv[h] for h in heads] if kv is not None else [h // group for h in heads]
+    return torch.tensor(index, device=value.device)
 
 
 class PapaFusedAttentionMixin:

@@ -81,10 +81,23 @@ class SlotPlan:
             ]
         )
         self._places = places  # rank (B, N), n_real, first_mid, middle (B,): for window_rows
+        self._row_tokens = None
 
     @property
     def batch(self) -> int:
         return self.slots.shape[0]
+
+    @property
+    def row_tokens(self) -> torch.Tensor:
+        """(S, B) the token on each row of each example, as an index into the (B N) flattened tokens (0 where the
+        row is empty: ``row_mask`` says which). Structured plans only, whose rows hold one token of an example at
+        most; built on first use and kept for the plan's every layer."""
+        if self._row_tokens is None:
+            b, n = self.slots.shape
+            flat = torch.zeros((self.size + 1) * b, dtype=torch.long, device=self.slots.device)
+            tokens = torch.arange(b * n, device=self.slots.device)
+            self._row_tokens = flat.index_put_((self.rows * b + self.cols,), tokens).view(self.size + 1, b)[: self.size]
+        return self._row_tokens
 
     @classmethod
     def from_tokens(
