@@ -91,21 +91,24 @@ def test_attention_function_equals_the_definition_on_random_batches(side, window
         assert float((got - expected).abs().max()) <= TOL, (trial, ids.tolist())
 
 
-@pytest.mark.parametrize("heads", [[0, 2, 3], [3, 1], [1, 1, 2, 2]], ids=["sorted", "unsorted", "grouped"])
+@pytest.mark.parametrize(
+    "heads",
+    [[0, 2, 3], [3, 1], [1, 1, 2, 2], [1, 2, 3], [0, 1, 2, 3]],
+    ids=["sorted", "unsorted", "grouped", "run", "all"],
+)
 def test_constant_heads_read_in_place_equal_their_copy(heads):
     """``heads=`` (which of a layer's value heads the constant heads read; repeated under GQA) on every head's
     values equals the constant heads' values copied out first, on the gathered short-batch path and the
     scattered one (explicit slots), and the definition; padded singles and pairs."""
     rng, length = random.Random(f"in-place{heads}"), 24
     torch.manual_seed(3)
-    index = torch.tensor(heads)
     for trial in range(20):
         ids, mask = random_batch(rng, length, side="right" if trial % 2 else "left")
         constants = torch.rand(len(heads), length, length) + 0.01
         value = torch.randn(ids.shape[0], 4, ids.shape[1], 5)  # (B, 4 value heads, N, d)
-        copied = value.index_select(1, index)  # (B, Hc, N, d)
+        copied = value.index_select(1, torch.tensor(heads))  # (B, Hc, N, d)
         for plan in (SlotPlan.from_tokens(ids, mask, length, SEP), SlotPlan.from_slots(_slots(ids, mask), length)):
-            got, _ = constant_heads.constant_attention(Holder(constants), plan, value, heads=index)
+            got, _ = constant_heads.constant_attention(Holder(constants), plan, value, heads=heads)
             expected, _ = constant_heads.constant_attention(Holder(constants), plan, copied)
             assert float((got - expected).abs().max()) <= TOL
             assert float((got - reference(constants, plan, copied)).abs().max()) <= TOL
@@ -173,7 +176,7 @@ def test_prepared_constants_are_kept_until_the_constants_change():
 
 
 def _reference_attention(module, plan, value, dropout=0.0, window=None, weights=False, heads=None):
-    value = value if heads is None else value.index_select(1, heads)  # (B, Hc, N, d)
+    value = value if heads is None else value.index_select(1, torch.tensor(heads))  # (B, Hc, N, d)
     # Compact constants of format 2 are used as stored (negative cells too); dense ones count negatives as 0.
     clamp = constant_heads._clamps(module)
     ctx, p = reference_constant_attention(constants_of(module), plan.slots, value, dropout, window, clamp)

@@ -128,7 +128,7 @@ def test_fft_lengths_are_smooth_and_long_enough():
 
 
 def _reference_attention(module, plan, value, dropout=0.0, window=None, weights=False, heads=None):
-    value = value if heads is None else value.index_select(1, heads)  # (B, Hc, N, d)
+    value = value if heads is None else value.index_select(1, torch.tensor(heads))  # (B, Hc, N, d)
     ctx, p = reference_constant_attention(constants_of(module), plan.slots, value, dropout, window, clamp=False)
     return ctx.transpose(1, 2), p if weights else None
 

@@ -28,6 +28,7 @@ This file ships inside every PAPA checkpoint: it imports only torch and siblings
 from __future__ import annotations
 
 import weakref
+from collections.abc import Sequence
 
 import torch
 
@@ -123,7 +124,7 @@ def constant_attention(
     dropout: float = 0.0,
     window: int | None = None,
     weights: bool = False,
-    heads: torch.Tensor | None = None,
+    heads: Sequence[int] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Context vectors of a module's constant heads: ``dropout(rownorm(C[slots] * mask)) @ V``.
 
@@ -134,7 +135,7 @@ def constant_attention(
         dropout: attention dropout probability (pass 0 in eval mode).
         window: a local layer's half window w (tokens farther apart get no weight).
         weights: also return the (B, Hc, N, N) probabilities used (materialised for the caller).
-        heads: (Hc,) which of ``value``'s heads the constant heads read, in order (``None``: all of them).
+        heads: which of ``value``'s heads the constant heads read, in order (``None``: all of them).
 
     Returns:
         context (B, N, Hc, d) (possibly a strided view) and the probabilities (B, Hc, N, N), or ``None`` when not
@@ -144,15 +145,15 @@ def constant_attention(
     if dropout > 0 or (window is not None and not plan.structured):
         # Per-example matrices are needed anyway: dropout drops single cells of them; explicit slots say
         # nothing about where a window's tokens are in the compressed space.
-        value = value if heads is None else value.index_select(1, heads)  # (B, Hc, N, d)
+        value = _picked(value, heads)  # (B, Hc, N, d)
         ctx, p = reference_constant_attention(constants_of(module), plan.slots, value, dropout, window, clamp=clamp)
         return ctx.transpose(1, 2), p if weights else None
     matrix = compressed_constants(module, plan, value.dtype, window)  # C_S (Hc, S, S), dense or structured
     if window is None and plan.structured and isinstance(matrix, DenseSlots) and not is_tracing():
         context = _gathered(matrix, plan, value, heads)  # (B, N, Hc, d)
-        value = value if heads is None or not weights else value.index_select(1, heads)
+        value = _picked(value, heads) if weights else value
     else:
-        value = value if heads is None else value.index_select(1, heads)  # (B, Hc, N, d)
+        value = _picked(value, heads)  # (B, Hc, N, d)
         context = _scattered(matrix, plan, value, window)  # (B, N, Hc, d)
     if not weights:
         return context, None
@@ -177,7 +178,17 @@ def _scattered(matrix, plan: SlotPlan, value: torch.Tensor, window: int | None) 
     return (out[..., :d] * scale).view(b, n, hc, d)  # (B, N, Hc, d)
 
 
-def _gathered(matrix: DenseSlots, plan: SlotPlan, value: torch.Tensor, heads: torch.Tensor | None) -> torch.Tensor:
+def _picked(value: torch.Tensor, heads: Sequence[int] | None) -> torch.Tensor:
+    """(B, Hc, N, d) value vectors of ``heads`` (a view when they are one run of heads in order)."""
+    if heads is None:
+        return value
+    heads = list(heads)
+    if heads == list(range(heads[0], heads[0] + len(heads))):
+        return value.narrow(1, heads[0], len(heads))
+    return value.index_select(1, torch.tensor(heads, device=value.device))
+
+
+def _gathered(matrix: DenseSlots, plan: SlotPlan, value: torch.Tensor, heads: Sequence[int] | None) -> torch.Tensor:
     """(B, N, Hc, d) context of a structured plan with a dense ``C_S``, in few kernels (short batches' path).
 
     Each example's tokens sit on distinct rows, so the (Hc, S, B, d) block of values is one gather from the
@@ -186,10 +197,14 @@ def _gathered(matrix: DenseSlots, plan: SlotPlan, value: torch.Tensor, heads: to
     """
     b, hv, n, d = value.shape
     size, mask = plan.size, plan.row_mask.to(value.dtype)  # mask (S, B)
-    heads = torch.arange(hv, device=value.device) if heads is None else heads
-    hc = heads.shape[0]
+    heads = list(range(hv)) if heads is None else list(heads)
+    hc, first = len(heads), heads[0]
     by_head = value.transpose(1, 2).reshape(b * n, hv, d).transpose(0, 1)  # (Hv, B N, d), a view for most layouts
-    block = by_head.index_select(0, heads).index_select(1, plan.row_tokens.view(-1)).view(hc, size, b, d)
+    if heads == list(range(first, first + hc)):
+        by_head = by_head[first : first + hc]  # one run of heads: a view
+    else:
+        by_head = by_head.index_select(0, torch.tensor(heads, device=value.device))  # (Hc, B N, d)
+    block = by_head.index_select(1, plan.row_tokens.view(-1)).view(hc, size, b, d)
     block.mul_(mask[None, :, :, None])  # (Hc, S, B, d): rows without a token of the example hold zeros
     numer = matrix.product(block.view(hc, size, b * d)).to(value.dtype).view(hc, size * b, d)  # (Hc, S B, d)
     norm = torch.matmul(matrix.matrix, mask).to(value.dtype).view(hc, size * b, 1)  # (Hc, S B, 1)

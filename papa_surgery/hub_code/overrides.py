@@ -67,9 +67,9 @@ class _OverrideMixin:
         b, h, n, d = value.shape
         const_ctx = const_p = None
         if heads.const:
-            const = torch.tensor(heads.const, device=value.device)  # (Hc,): read from value in place, not copied
-            drop = self.dropout.p if self.training else 0.0
-            const_ctx, const_p = constant_attention(self, current_plan(), value, drop, None, output_attentions, const)
+            drop = self.dropout.p if self.training else 0.0  # the constant heads' values are read in place:
+            plan = current_plan()
+            const_ctx, const_p = constant_attention(self, plan, value, drop, None, output_attentions, heads.const)
         kept_ctx = None if kept_ctx is None else kept_ctx.transpose(1, 2)  # (B, N, Hk, d)
         logits = self.papa_lambda_logits if heads.mixed else None
         ctx = combine_heads(kept_ctx, const_ctx, heads, dim=2, lambda_logits=logits)  # (B, N, H, d)

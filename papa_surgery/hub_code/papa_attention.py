@@ -172,7 +172,7 @@ def papa_attention_forward(
         v_kept = value if heads.mixed else _value_heads(module, value, heads.kept)  # (B, Hk, N, d)
         kept_out, kept_w = base(module, query, key, v_kept, attention_mask, dropout=dropout, **kwargs)  # (B, N, Hk, d)
     window = getattr(module, "papa_window", None)
-    const = _value_index(module, value, heads.const)  # (Hc,): the constant heads' values are read in place
+    const = _value_index(module, value, heads.const)  # the constant heads' values are read in place
     const_out, const_p = constant_attention(module, papa_plan, value, dropout, window, wants_weights, const)
 
     logits = module.papa_lambda_logits if heads.mixed else None
@@ -198,13 +198,14 @@ def _value_heads(module: nn.Module, value: torch.Tensor, heads: Sequence[int]) -
     return select_heads(value, heads, h)
 
 
-def _value_index(module: nn.Module, value: torch.Tensor, heads: Sequence[int]) -> torch.Tensor:
-    """(len(heads),) which of ``value``'s (B, Hv, N, d) heads each query head of ``heads`` reads (its group's
-    under GQA), for a caller that gathers them itself rather than from a copy."""
+def _value_index(module: nn.Module, value: torch.Tensor, heads: Sequence[int]) -> list[int]:
+    """Which of ``value``'s (B, Hv, N, d) heads each query head of ``heads`` reads (its group's under GQA), for a
+    caller that picks them itself rather than from a copy."""
     kv = getattr(module, "papa_kv", None)
-    group = 1 if kv is not None else module.papa_heads.num_heads // value.shape[1]  # GQA unshrunk: h // g
-    index = [kv[h] for h in heads] if kv is not None else [h // group for h in heads]
-    return torch.tensor(index, device=value.device)
+    if kv is not None:
+        return [kv[h] for h in heads]
+    group = module.papa_heads.num_heads // value.shape[1]  # GQA with nothing shrunk (lambda training): h // g
+    return [h // group for h in heads]
 
 
 class PapaFusedAttentionMixin:
