@@ -120,10 +120,9 @@ def calibrate(
     _tokenizer(tokenizer)
     chosen = registry.kind(kind)
     if chosen.made == registry.TRAINED:
-        fit = {"distilled": "distill", "sharpened": "sharpen"}[chosen.name]
         raise ValueError(
             f"{chosen.name} constants are fitted for the heads being made constant: calibrate the average, then "
-            f"papa_surgery.{fit}(model, tokenizer, corpus, constants, heads)"
+            f"papa_surgery.{chosen.fitted_by}(model, tokenizer, corpus, constants, heads)"
         )
     cal = CalibrationOptions(max_length=max_length, pairs=pairs, max_examples=max_examples)
     layout = ConvertOptions(fraction=0, storage=storage, compact_band=compact_band, compact_rank=compact_rank)

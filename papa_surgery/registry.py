@@ -33,12 +33,14 @@ class Kind:
         summary: one line of help.
         made: how the matrices are made (``CALIBRATED``, ``ANALYSIS``, ``DATA_FREE``, ``TRAINED``, ``LABELED``).
         starts_from: the kind a trained or labelled kind starts from (``None``: made from scratch).
+        fitted_by: the ``papa_surgery`` function that fits a trained kind (``None``: made by ``calibrate``).
     """
 
     name: str
     summary: str
     made: str
     starts_from: str | None = None
+    fitted_by: str | None = None
 
     @property
     def needs_corpus(self) -> bool:
@@ -55,12 +57,19 @@ class Kind:
 
 _KINDS = (
     Kind("average", "the paper's: each head's attention averaged over an unlabelled corpus (3.1)", CALIBRATED),
-    Kind("distilled", "the average, trained to match the source's hidden states (label-free)", TRAINED, "average"),
+    Kind(
+        "distilled",
+        "the average, trained to match the source's hidden states (label-free)",
+        TRAINED,
+        "average",
+        "distill",
+    ),
     Kind(
         "sharpened",
         "the average, each layer's rows raised to a power fitted to the source's hidden states (label-free)",
         TRAINED,
         "average",
+        "sharpen",
     ),
     Kind("identity", "each token attends to itself", DATA_FREE),
     Kind("toeplitz", "harmonic: weight 1 / (1 + |i - j|)", DATA_FREE),

@@ -17,6 +17,7 @@ from conftest import SENTENCES, cli
 from test_checkpoint import LOADER, fresh_python, loader_job
 
 import papa_surgery
+from papa_surgery import registry
 from papa_surgery.calibration.average import calibrate
 from papa_surgery.calibration.coverage import CoverageWarning
 from papa_surgery.healing.distillation import distillation_loss
@@ -131,8 +132,12 @@ def test_fraction_0_is_the_source(tiny, average):
 
 def test_the_api_names_the_fitting_function(tiny):
     assert papa_surgery.sharpen is sharpen
-    with pytest.raises(ValueError, match=r"papa_surgery\.sharpen\(model, tokenizer, corpus, constants, heads\)"):
-        papa_surgery.calibrate(tiny.model("bert"), tiny.tokenizer("bert"), SENTENCES, kind="sharpened")
+    trained = [k for k in registry.KINDS.values() if k.made == registry.TRAINED]
+    assert {k.name for k in trained} >= {"distilled", "sharpened"}
+    for kind in trained:  # each names a public function, and calibrate's refusal names it
+        assert callable(getattr(papa_surgery, kind.fitted_by))
+        with pytest.raises(ValueError, match=rf"papa_surgery\.{kind.fitted_by}\(model, tokenizer, corpus, constants"):
+            papa_surgery.calibrate(tiny.model("bert"), tiny.tokenizer("bert"), SENTENCES, kind=kind.name)
     with pytest.raises(ValueError, match="grid"):
         sharpen(tiny.model("bert"), tiny.tokenizer("bert"), SENTENCES, None, HEADS, grid=(0.0, 2.0))
 
