@@ -178,14 +178,14 @@ def _scattered(matrix, plan: SlotPlan, value: torch.Tensor, window: int | None) 
     return (out[..., :d] * scale).view(b, n, hc, d)  # (B, N, Hc, d)
 
 
-def _picked(value: torch.Tensor, heads: Sequence[int] | None) -> torch.Tensor:
-    """(B, Hc, N, d) value vectors of ``heads`` (a view when they are one run of heads in order)."""
+def _picked(value: torch.Tensor, heads: Sequence[int] | None, dim: int = 1) -> torch.Tensor:
+    """The value vectors of ``heads`` along ``dim`` (heads' dimension): a view when they are one run in order."""
     if heads is None:
         return value
     heads = list(heads)
     if heads == list(range(heads[0], heads[0] + len(heads))):
-        return value.narrow(1, heads[0], len(heads))
-    return value.index_select(1, torch.tensor(heads, device=value.device))
+        return value.narrow(dim, heads[0], len(heads))
+    return value.index_select(dim, torch.tensor(heads, device=value.device))
 
 
 def _gathered(matrix: DenseSlots, plan: SlotPlan, value: torch.Tensor, heads: Sequence[int] | None) -> torch.Tensor:
@@ -197,13 +197,9 @@ def _gathered(matrix: DenseSlots, plan: SlotPlan, value: torch.Tensor, heads: Se
     """
     b, hv, n, d = value.shape
     size, mask = plan.size, plan.row_mask.to(value.dtype)  # mask (S, B)
-    heads = list(range(hv)) if heads is None else list(heads)
-    hc, first = len(heads), heads[0]
     by_head = value.transpose(1, 2).reshape(b * n, hv, d).transpose(0, 1)  # (Hv, B N, d), a view for most layouts
-    if heads == list(range(first, first + hc)):
-        by_head = by_head[first : first + hc]  # one run of heads: a view
-    else:
-        by_head = by_head.index_select(0, torch.tensor(heads, device=value.device))  # (Hc, B N, d)
+    by_head = _picked(by_head, heads, dim=0)  # (Hc, B N, d): picked here, where a copy is contiguous for the gather
+    hc = by_head.shape[0]
     block = by_head.index_select(1, plan.row_tokens.view(-1)).view(hc, size, b, d)
     block.mul_(mask[None, :, :, None])  # (Hc, S, B, d): rows without a token of the example hold zeros
     numer = matrix.product(block.view(hc, size, b * d)).to(value.dtype).view(hc, size * b, d)  # (Hc, S B, d)
