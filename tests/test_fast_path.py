@@ -323,3 +323,19 @@ def test_modernbert_fused_layers_rotate_and_attend_with_the_kept_heads_only(tiny
     torch.save(model, tmp_path / "model.pt")  # the PAPA class unpickles by name
     loaded = torch.load(tmp_path / "model.pt", weights_only=False)
     assert torch.equal(_real(loaded, enc), _real(model, enc))
+
+
+def test_a_local_layers_band_kept_from_an_inference_forward_serves_a_training_one():
+    """The band mask is kept between forwards: one made under ``torch.inference_mode`` must not break autograd."""
+    from papa_surgery.hub_code.structured_constants import DenseSlots
+
+    x = torch.randn(2, 11, 3)
+    with torch.inference_mode():
+        DenseSlots(torch.rand(2, 11, 11)).band_product(x, 2)
+    matrix = torch.rand(2, 11, 11, requires_grad=True)
+    out = DenseSlots(matrix * 1).band_product(x, 2, owned=True)
+    out.sum().backward()
+    idx = torch.arange(11)
+    band = ((idx[:, None] - idx[None, :]).abs() <= 2) & (idx[:, None] > 0) & (idx[None, :] > 0)
+    assert torch.allclose(out, torch.bmm(matrix.detach() * band, x))
+    assert torch.equal(matrix.grad != 0, band.expand(2, 11, 11) & (x.sum(-1)[:, None, :] != 0))

@@ -60,16 +60,36 @@ class DenseSlots:
         """(Hc, S, C) ``C_S x`` for x (Hc, S, C)."""
         return torch.bmm(self.matrix, x.to(self.matrix.dtype))
 
-    def band_product(self, x: torch.Tensor, width: int) -> torch.Tensor:
-        """(Hc, S, C) the product with ``C_S`` kept only where 1 <= i, j and |i - j| <= ``width``."""
-        size = self.matrix.shape[-1]
-        idx = torch.arange(size, device=x.device)
-        band = ((idx[:, None] - idx[None, :]).abs() <= width) & (idx[:, None] > 0) & (idx[None, :] > 0)  # (S, S)
-        return torch.bmm(self.matrix * band, x.to(self.matrix.dtype))
+    def band_product(self, x: torch.Tensor, width: int, owned: bool = False) -> torch.Tensor:
+        """(Hc, S, C) the product with ``C_S`` kept only where 1 <= i, j and |i - j| <= ``width`` (``owned``: the
+        matrix is a temporary of the caller's, masked in place)."""
+        band = _band_mask(self.matrix.shape[-1], width, x.device)  # (S, S)
+        masked = self.matrix.mul_(band) if owned else self.matrix * band
+        return torch.bmm(masked, x.to(self.matrix.dtype))
 
     def cells(self, rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
         """(Hc, ..., R, C') cells at compressed rows (..., R) x columns (..., C')."""
         return self.matrix[:, rows[..., :, None], cols[..., None, :]]
+
+
+def _band_mask(size: int, width: int, device) -> torch.Tensor:
+    """(S, S) where 1 <= i, j and |i - j| <= ``width``; the last few kept (every local layer of a forward asks for the
+    same one)."""
+    tracing = is_tracing()  # a traced graph builds its own (its size may be symbolic)
+    key = None if tracing else (size, width, str(device))
+    mask = None if tracing else _BAND_MASKS.get(key)
+    if mask is None:
+        with torch.inference_mode(False):  # a kept mask must serve later forwards with autograd on too
+            idx = torch.arange(size, device=device)
+            mask = ((idx[:, None] - idx[None, :]).abs() <= width) & (idx[:, None] > 0) & (idx[None, :] > 0)
+        if not tracing:
+            if len(_BAND_MASKS) >= 8:
+                _BAND_MASKS.pop(next(iter(_BAND_MASKS)))
+            _BAND_MASKS[key] = mask
+    return mask
+
+
+_BAND_MASKS: dict = {}
 
 
 class StructuredSlots:
@@ -347,4 +367,4 @@ def _built_product(slots: StructuredSlots, x: torch.Tensor) -> torch.Tensor:
 
 
 def _built_band_product(slots: StructuredSlots, x: torch.Tensor, width: int) -> torch.Tensor:
-    return DenseSlots(slots._built()).band_product(x, width)
+    return DenseSlots(slots._built()).band_product(x, width, owned=True)
