@@ -109,7 +109,7 @@ def main() -> None:
     (train_pairs, train_labels) = mrpc_pairs(data, "train")
     mrpc = (train_pairs[: args.mrpc_train], train_labels[: args.mrpc_train]), mrpc_pairs(data, "eval")
     kinds, fractions = args.kinds.split(","), [float(f) for f in args.fractions.split(",")]
-    print(f"{Path(args.model).name}, torch {torch.__version__}, {torch.get_num_threads()} threads")
+    print(f"{args.model}, torch {torch.__version__}, {torch.get_num_threads()} threads")
 
     def embed_with(model, length):
         return lambda texts: embeddings(model, tok, texts, length, pipeline)[0]
