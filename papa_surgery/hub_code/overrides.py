@@ -67,8 +67,8 @@ class _OverrideMixin:
         b, h, n, d = value.shape
         const_ctx = const_p = None
         if heads.const:
-            drop = self.dropout.p if self.training else 0.0  # the constant heads' values are read in place:
-            plan = current_plan()
+            drop = self.dropout.p if self.training else 0.0
+            plan = current_plan()  # the constant heads' values are read from every head's, not copied out first
             const_ctx, const_p = constant_attention(self, plan, value, drop, None, output_attentions, heads.const)
         kept_ctx = None if kept_ctx is None else kept_ctx.transpose(1, 2)  # (B, N, Hk, d)
         logits = self.papa_lambda_logits if heads.mixed else None

@@ -75,18 +75,21 @@ class DenseSlots:
 def _band_mask(size: int, width: int, device) -> torch.Tensor:
     """(S, S) where 1 <= i, j and |i - j| <= ``width``; the last few kept (every local layer of a forward asks for the
     same one)."""
-    tracing = is_tracing()  # a traced graph builds its own (its size may be symbolic)
-    key = None if tracing else (size, width, str(device))
-    mask = None if tracing else _BAND_MASKS.get(key)
-    if mask is None:
+
+    def band() -> torch.Tensor:
+        idx = torch.arange(size, device=device)
+        return ((idx[:, None] - idx[None, :]).abs() <= width) & (idx[:, None] > 0) & (idx[None, :] > 0)
+
+    if is_tracing():  # a traced graph builds its own (its size may be symbolic)
+        return band()
+    key = (size, width, str(device))
+    if key not in _BAND_MASKS:
         with torch.inference_mode(False):  # a kept mask must serve later forwards with autograd on too
-            idx = torch.arange(size, device=device)
-            mask = ((idx[:, None] - idx[None, :]).abs() <= width) & (idx[:, None] > 0) & (idx[None, :] > 0)
-        if not tracing:
-            if len(_BAND_MASKS) >= 8:
-                _BAND_MASKS.pop(next(iter(_BAND_MASKS)))
-            _BAND_MASKS[key] = mask
-    return mask
+            mask = band()
+        if len(_BAND_MASKS) >= 8:
+            _BAND_MASKS.pop(next(iter(_BAND_MASKS)))
+        _BAND_MASKS[key] = mask
+    return _BAND_MASKS[key]
 
 
 _BAND_MASKS: dict = {}
