@@ -33,6 +33,7 @@ from collections.abc import Sequence
 import torch
 
 from .compact_constants import COMPACT_PARTS, CompactLayout, constants_of, rebuild
+from .heads import select_heads
 from .slot_plan import SlotPlan
 from .slots import is_tracing, reference_constant_attention
 from .structured_constants import LOCAL_STRUCTURED_FROM, STRUCTURED_FROM, DenseSlots, StructuredSlots
@@ -173,19 +174,14 @@ def _scattered(matrix, plan: SlotPlan, value: torch.Tensor, window: int | None) 
     if is_tracing():  # indexing two dimensions: no (S B) flattening, whose symbolic size export cannot prove
         out = out.view(hc, size, b, d + 1).permute(1, 2, 0, 3)[plan.gather, plan.cols]  # (B N, Hc, d+1)
     else:  # the faster gather: one index into the (S B)-flattened rows
-        out = out.view(hc, size * b, d + 1).transpose(0, 1).index_select(0, plan.gather * b + plan.cols)
+        out = out.view(hc, size * b, d + 1).transpose(0, 1).index_select(0, plan.flat_rows)
     scale = plan.token_scale.to(out.dtype)[:, :, None] / out[..., d:].clamp_min(torch.finfo(out.dtype).tiny)
     return (out[..., :d] * scale).view(b, n, hc, d)  # (B, N, Hc, d)
 
 
 def _picked(value: torch.Tensor, heads: Sequence[int] | None, dim: int = 1) -> torch.Tensor:
-    """The value vectors of ``heads`` along ``dim`` (heads' dimension): a view when they are one run in order."""
-    if heads is None:
-        return value
-    heads = list(heads)
-    if heads == list(range(heads[0], heads[0] + len(heads))):
-        return value.narrow(dim, heads[0], len(heads))
-    return value.index_select(dim, torch.tensor(heads, device=value.device))
+    """The value vectors of ``heads`` along ``dim`` (``None``: all), a view where ``select_heads`` can give one."""
+    return value if heads is None else select_heads(value, heads, value.shape[dim], dim)
 
 
 def _gathered(matrix: DenseSlots, plan: SlotPlan, value: torch.Tensor, heads: Sequence[int] | None) -> torch.Tensor:
@@ -204,7 +200,7 @@ def _gathered(matrix: DenseSlots, plan: SlotPlan, value: torch.Tensor, heads: Se
     block.mul_(mask[None, :, :, None])  # (Hc, S, B, d): rows without a token of the example hold zeros
     numer = matrix.product(block.view(hc, size, b * d)).to(value.dtype).view(hc, size * b, d)  # (Hc, S B, d)
     norm = torch.matmul(matrix.matrix, mask).to(value.dtype).view(hc, size * b, 1)  # (Hc, S B, 1)
-    at = plan.gather * b + plan.cols  # (B N,) each token's (row, example) in the flattened rows
+    at = plan.flat_rows  # (B N,)
     scale = plan.token_scale.to(value.dtype)[None] / norm.index_select(1, at).clamp_min(torch.finfo(value.dtype).tiny)
     context = numer.index_select(1, at) * scale  # (Hc, B N, d)
     return context.view(hc, b, n, d).permute(1, 2, 0, 3)  # (B, N, Hc, d) view

@@ -189,13 +189,7 @@ def papa_attention_forward(
 
 def _value_heads(module: nn.Module, value: torch.Tensor, heads: Sequence[int]) -> torch.Tensor:
     """(B, len(heads), N, d) value vectors of query heads ``heads`` (their groups' value heads under GQA)."""
-    kv = getattr(module, "papa_kv", None)
-    if kv is not None:
-        return value.index_select(1, torch.tensor([kv[h] for h in heads], device=value.device))
-    h = module.papa_heads.num_heads
-    if value.shape[1] != h:  # GQA with nothing shrunk (lambda training): each query head reads its group's
-        value = value.repeat_interleave(h // value.shape[1], dim=1)  # (B, H, N, d)
-    return select_heads(value, heads, h)
+    return select_heads(value, _value_index(module, value, heads), value.shape[1])
 
 
 def _value_index(module: nn.Module, value: torch.Tensor, heads: Sequence[int]) -> list[int]:

@@ -26,6 +26,8 @@ This file ships inside every PAPA checkpoint: it imports only torch and siblings
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from .slots import _BIG, PAD_SLOT, check_fits, is_tracing, place_tokens, too_long_message
@@ -81,23 +83,26 @@ class SlotPlan:
             ]
         )
         self._places = places  # rank (B, N), n_real, first_mid, middle (B,): for window_rows
-        self._row_tokens = None
 
     @property
     def batch(self) -> int:
         return self.slots.shape[0]
 
-    @property
+    @functools.cached_property
     def row_tokens(self) -> torch.Tensor:
         """(S, B) the token on each row of each example, as an index into the (B N) flattened tokens (0 where the
         row is empty: ``row_mask`` says which). Structured plans only, whose rows hold one token of an example at
         most; built on first use and kept for the plan's every layer."""
-        if self._row_tokens is None:
-            b, n = self.slots.shape
-            flat = torch.zeros((self.size + 1) * b, dtype=torch.long, device=self.slots.device)
-            tokens = torch.arange(b * n, device=self.slots.device)
-            self._row_tokens = flat.index_put_((self.rows * b + self.cols,), tokens).view(self.size + 1, b)[: self.size]
-        return self._row_tokens
+        b, n = self.slots.shape
+        flat = torch.zeros((self.size + 1) * b, dtype=torch.long, device=self.slots.device)
+        tokens = torch.arange(b * n, device=self.slots.device)
+        return flat.index_put_((self.rows * b + self.cols,), tokens).view(self.size + 1, b)[: self.size]
+
+    @functools.cached_property
+    def flat_rows(self) -> torch.Tensor:
+        """(B*N,) each token's (``gather`` row, example) in the (S B)-flattened rows; kept for the plan's every
+        layer."""
+        return self.gather * self.batch + self.cols
 
     @classmethod
     def from_tokens(

@@ -32,6 +32,7 @@ This file ships inside every PAPA checkpoint: it imports only torch and siblings
 from __future__ import annotations
 
 import copy
+import functools
 
 import torch
 
@@ -74,25 +75,19 @@ class DenseSlots:
 
 def _band_mask(size: int, width: int, device) -> torch.Tensor:
     """(S, S) where 1 <= i, j and |i - j| <= ``width``; the last few kept (every local layer of a forward asks for the
-    same one)."""
-
-    def band() -> torch.Tensor:
-        idx = torch.arange(size, device=device)
-        return ((idx[:, None] - idx[None, :]).abs() <= width) & (idx[:, None] > 0) & (idx[None, :] > 0)
-
-    if is_tracing():  # a traced graph builds its own (its size may be symbolic)
-        return band()
-    key = (size, width, str(device))
-    if key not in _BAND_MASKS:
-        with torch.inference_mode(False):  # a kept mask must serve later forwards with autograd on too
-            mask = band()
-        if len(_BAND_MASKS) >= 8:
-            _BAND_MASKS.pop(next(iter(_BAND_MASKS)))
-        _BAND_MASKS[key] = mask
-    return _BAND_MASKS[key]
+    same one), except in a traced graph, which builds its own (its size may be symbolic)."""
+    return _band(size, width, device) if is_tracing() else _kept_band(size, width, str(device))
 
 
-_BAND_MASKS: dict = {}
+@functools.lru_cache(maxsize=8)
+def _kept_band(size: int, width: int, device: str) -> torch.Tensor:
+    with torch.inference_mode(False):  # a kept mask must serve later forwards with autograd on too
+        return _band(size, width, device)
+
+
+def _band(size: int, width: int, device) -> torch.Tensor:
+    idx = torch.arange(size, device=device)
+    return ((idx[:, None] - idx[None, :]).abs() <= width) & (idx[:, None] > 0) & (idx[None, :] > 0)
 
 
 class StructuredSlots:
