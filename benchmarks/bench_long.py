@@ -160,7 +160,7 @@ def crossover(repeats: int, record) -> None:
     g = torch.Generator().manual_seed(0)
     for heads in (6, 12):
         for b in (1, 4, 8):
-            for s in (256, 512, 768, 1024, 2048):
+            for s in (256, 384, 512, 768, 1024, 2048):
                 length = LENGTH
                 layout = CompactLayout(length, 0, 0, special_slots(length, False))  # the long default layout
                 parts = harmonic_parts(layout, heads, g)

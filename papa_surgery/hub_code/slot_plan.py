@@ -83,6 +83,9 @@ class SlotPlan:
             ]
         )
         self._places = places  # rank (B, N), n_real, first_mid, middle (B,): for window_rows
+        # What layers derive from the plan alone (the band's cell indices of a local layer's window), made by the
+        # first layer that needs it and kept for the plan's every layer; keyed by what else it depends on.
+        self.derived: dict = {}
 
     @property
     def batch(self) -> int:
@@ -156,8 +159,10 @@ class SlotPlan:
             )
         return cls(slots, max_length, first, second, False)
 
+    @functools.cached_property
     def window_rows(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """What a local layer needs to apply its window in the compressed space (structured plans only).
+        """What a local layer needs to apply its window in the compressed space (structured plans only); made by
+        the first local layer and kept for the plan's others.
 
         Within a segment, rows are as far apart as their tokens; across a pair's middle they are ``jump`` rows
         farther; the final separator (row 0) is apart from everything.
@@ -182,6 +187,12 @@ class SlotPlan:
         before = torch.where(pair, last_first, torch.full_like(first_mid, -1))
         jump = torch.where(pair, row_of(torch.where(pair, middle, torch.zeros_like(middle))) - last_first - 1, 0)
         return rank_rows, n_real, before, jump
+
+    @functools.cached_property
+    def jumps(self) -> bool:
+        """Whether a pair's rows jump at its middle in some example (``window_rows``' ``jump``): one host sync for
+        the plan's every local layer; ``True`` while tracing (the graph keeps the general case)."""
+        return is_tracing() or bool(self.window_rows[3].any())
 
 
 def _extents(slots: torch.Tensor, max_length: int, n_real: torch.Tensor | None = None) -> tuple[int, int, int]:

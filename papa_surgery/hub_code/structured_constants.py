@@ -41,11 +41,12 @@ from .slots import is_tracing
 
 # From which S the structured product beats a dense C_S built from the parts (``_built``: Toeplitz blocks copied from
 # strided views of the profile, at memory speed) and one GEMM, for the global layers of a model with L > 512, and
-# from which S a local (sliding-window) layer's structured band product beats the dense C_S masked to the window:
-# measured by benchmarks/bench_long.py (crossover) on 2 CPU cores. Models up to L = 512 keep a dense rebuild and
-# slice it, which is faster there.
+# from which S a local (sliding-window) layer's band product (the band's cells gathered from the parts, ``band_blocks``)
+# beats building the dense C_S and masking it to the window (about S = 450 at a 64-token half window; 2x faster at
+# S = 513): measured by benchmarks/bench_long.py (crossover) on 2 CPU cores. Models up to L = 512 keep a dense rebuild
+# and slice it, which is faster there.
 STRUCTURED_FROM = 1000
-LOCAL_STRUCTURED_FROM = 700
+LOCAL_STRUCTURED_FROM = 448
 BLOCK = 64  # rows per block of a banded product
 WORKSPACE = 2**24  # bytes of temporaries a structured product may hold at once (heads are taken in groups)
 BUILT_WORKSPACE = 2**22  # bytes of built C_S blocks held at once, whatever the input's size (a few heads at S = 512)
@@ -99,10 +100,14 @@ class StructuredSlots:
         order: (S,) the slot of every compressed row (``SlotPlan.slot_order``).
         segments: ``(first row, first slot, rows)`` of each run of consecutive slots in rows 1..S-1.
         dtype: the dtype of the products (float32 at least: FFTs need it on CPU).
+        derived: where indices that depend only on the plan are kept for its every layer (``SlotPlan.derived``).
     """
 
-    def __init__(self, parts: dict, layout: CompactLayout, order: torch.Tensor, segments, dtype: torch.dtype):
+    def __init__(
+        self, parts: dict, layout: CompactLayout, order: torch.Tensor, segments, dtype: torch.dtype, derived=None
+    ):
         self.layout, self.order, self.segments, self.dtype = layout, order, segments, dtype
+        self.derived = {} if derived is None else derived  # the plan's kept indices (``SlotPlan.derived``)
         self.profile = parts["papa_constants_profile"].to(dtype)  # (Hc, 2L-1)
         self.band = parts["papa_constants_band"].to(dtype)  # (Hc, L, 2w+1)
         self.u = parts["papa_constants_u"].to(dtype).index_select(1, order)  # (Hc, S, r)
@@ -130,7 +135,7 @@ class StructuredSlots:
             segments = [(1, 0, first + second)] if first + second else []
         else:
             segments = [(1, 0, first), (1 + first, half, second)]
-        return cls(parts, layout, plan.slot_order, segments, dtype)
+        return cls(parts, layout, plan.slot_order, segments, dtype, plan.derived)
 
     # -- cells ---------------------------------------------------------------------------------------------------
 
@@ -250,7 +255,10 @@ class StructuredSlots:
 
     def band_product(self, x: torch.Tensor, width: int) -> torch.Tensor:
         """(Hc, S, C) the product with ``C_S`` kept only where 1 <= i, j and |i - j| <= ``width``."""
-        return self._by_heads(StructuredSlots._band_product, x, width)
+        block = max(BLOCK, width)
+        cells = -(-self.size // block) * block * (block + 2 * width)  # a head's band blocks
+        per_head = cells * (1 + x.shape[2] // block) * x.element_size()  # the blocks and x's windows
+        return self._by_heads(StructuredSlots._band_product, x, width, per_head=per_head)
 
     def _product(self, x: torch.Tensor) -> torch.Tensor:
         special = (self.special_index >= 0).nonzero().squeeze(-1)  # (P',) compressed rows of special slots
@@ -265,12 +273,63 @@ class StructuredSlots:
         return out.index_copy_(1, special, self.cells(special, all_rows) @ x)  # (Hc, P', S) their own rows
 
     def _band_product(self, x: torch.Tensor, width: int) -> torch.Tensor:
-        return self._blocked(x, width, self._band_cells_outside_row0)
+        return _banded(self.band_blocks(width), x, width)
 
-    def _band_cells_outside_row0(self, rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
-        value = self.cells(rows, cols)  # (Hc, nb, R, C')
-        keep = (rows[..., :, None] > 0) & (cols[..., None, :] > 0)
-        return value.masked_fill_(~keep, 0.0)
+    def band_blocks(self, width: int) -> torch.Tensor:
+        """(Hc, nb, R, R + 2 width) ``C_S``'s band in blocks of R rows (block b: rows bR .. bR + R - 1 by columns
+        bR - width .. bR + R + width - 1), 0 outside the band, outside [1, S) and in row or column 0.
+
+        Gathered from the parts over the band's cells alone (O(S W) a head, never the (S, S) matrix), by ``cells``'
+        order of precedence; the indices depend on the plan alone and are kept for its every layer."""
+        index = self._band_index(width)
+        hc, (nb, r, c) = self.profile.shape[0], index["valid"].shape
+        value = self.profile.index_select(1, index["profile"]).view(hc, nb, r, c)  # (Hc, nb, R, C) body formula
+        if self.layout.rank:
+            u = self.u.index_select(1, index["rows"]).view(hc, nb, r, -1)  # (Hc, nb, R, r)
+            v = self.v.index_select(1, index["cols"]).view(hc, nb, c, -1)  # (Hc, nb, C, r)
+            value = value.add_(u @ v.transpose(-1, -2))
+        cells, at = index["band"]  # (K,) the cells within the stored band, and where the band stores them
+        value.view(hc, -1).index_copy_(1, cells, self.band.reshape(hc, -1).index_select(1, at))
+        blocks, at, p = index["special_rows"]  # (K,) a special slot's row: its stored row, over the block's columns
+        if blocks.numel():
+            value[:, blocks, at] = self.special_rows[:, p[:, None], self.order[index["cols"].view(nb, c)[blocks]]]
+        blocks, at, p = index["special_cols"]  # (K,) a special slot's column: its stored column, over the rows
+        if blocks.numel():
+            by_column = value.transpose(-1, -2)  # (Hc, nb, C, R) view
+            by_column[:, blocks, at] = self.special_cols[:, self.order[index["rows"].view(nb, r)[blocks]], p[:, None]]
+        return value.mul_(index["valid"].to(value.dtype))
+
+    def _band_index(self, width: int) -> dict:
+        """The cells of :meth:`band_blocks` as indices into the parts (kept in ``derived``)."""
+        key = ("band_blocks", width, self.layout)
+        if key in self.derived:
+            return self.derived[key]
+        size, length, w, device = self.size, self.layout.max_length, self.layout.band, self.order.device
+        block = max(BLOCK, width)
+        start = torch.arange(-(-size // block), device=device)[:, None] * block
+        rows = start + torch.arange(block, device=device)  # (nb, R)
+        cols = start - width + torch.arange(block + 2 * width, device=device)  # (nb, C)
+        row_in, col_in = (rows >= 1) & (rows < size), (cols >= 1) & (cols < size)  # row and column 0 apart
+        valid = row_in[:, :, None] & col_in[:, None, :] & ((rows[:, :, None] - cols[:, None, :]).abs() <= width)
+        rows, cols = rows.clamp(max=size - 1), cols.clamp(0, size - 1)
+        slot_r, slot_c = self.order[rows], self.order[cols]  # (nb, R), (nb, C)
+        offset = slot_c[:, None, :] - slot_r[:, :, None]  # (nb, R, C) in slots
+        special_r, special_c = self.special_index[rows], self.special_index[cols]  # (nb, R), (nb, C)
+        in_band = (offset.abs() <= w) & valid
+        band_at = slot_r[:, :, None] * (2 * w + 1) + (offset + w).clamp(0, 2 * w)  # (nb, R, C)
+        blocks_r, at_r = ((special_r >= 0) & valid.any(2)).nonzero(as_tuple=True)
+        blocks_c, at_c = ((special_c >= 0) & valid.any(1)).nonzero(as_tuple=True)
+        index = {
+            "valid": valid,
+            "rows": rows.reshape(-1),
+            "cols": cols.reshape(-1),
+            "profile": (offset + length - 1).reshape(-1),
+            "band": (in_band.view(-1).nonzero().squeeze(-1), band_at.view(-1)[in_band.view(-1)]),
+            "special_rows": (blocks_r, at_r, special_r[blocks_r, at_r]),
+            "special_cols": (blocks_c, at_c, special_c[blocks_c, at_c]),
+        }
+        self.derived[key] = index
+        return index
 
     def _band_difference(self, rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
         """What the band changes in the body formula: stored band minus profile + residual, on body cells."""
@@ -286,18 +345,15 @@ class StructuredSlots:
         ``values(rows (nb, R), cols (nb, R + 2 width))`` gives the blocks' cells (Hc, nb, R, R + 2 width); cells
         farther than ``width`` from the diagonal, or outside [0, S), are dropped here.
         """
-        hc, size, c = x.shape
+        size = x.shape[1]
         block = max(BLOCK, width)
-        nb = -(-size // block)
-        start = torch.arange(nb, device=x.device)[:, None] * block
+        start = torch.arange(-(-size // block), device=x.device)[:, None] * block
         rows = start + torch.arange(block, device=x.device)  # (nb, R)
         cols = start - width + torch.arange(block + 2 * width, device=x.device)  # (nb, R + 2w)
         valid = (rows[:, :, None] < size) & (cols[:, None, :] >= 0) & (cols[:, None, :] < size)
         valid &= (rows[:, :, None] - cols[:, None, :]).abs() <= width  # (nb, R, R + 2w)
-        matrices = values(rows.clamp(max=size - 1), cols.clamp(0, size - 1)).masked_fill_(~valid, 0.0)
-        padded = torch.nn.functional.pad(x, (0, 0, width, nb * block - size + width))  # (Hc, nb R + 2w, C)
-        windows = padded.unfold(1, block + 2 * width, block).transpose(-1, -2)  # (Hc, nb, R + 2w, C)
-        return (matrices @ windows).reshape(hc, nb * block, c)[:, :size]
+        matrices = values(rows.clamp(max=size - 1), cols.clamp(0, size - 1))
+        return _banded(matrices.mul_(valid.to(matrices.dtype)), x, width)  # (a product: a bool fill is 30x slower)
 
     def _toeplitz(self, x: torch.Tensor) -> torch.Tensor:
         """(Hc, S, C) the profile part ``sum_j profile[slot_j - slot_i] x_j`` over rows 1..S-1, by FFT."""
@@ -317,6 +373,16 @@ class StructuredSlots:
                 total = total + torch.fft.rfft(kernel, dim=1)[:, :, None] * spectrum
             out[:, row_p : row_p + n_p] = torch.fft.irfft(total, n=n_fft, dim=1)[:, :n_p]
         return out
+
+
+def _banded(matrices: torch.Tensor, x: torch.Tensor, width: int) -> torch.Tensor:
+    """(Hc, S, C) the product of banded row blocks (Hc, nb, R, R + 2 width) (``band_blocks``' layout) with x (Hc, S,
+    C): each block times its window of x's rows, one batched GEMM."""
+    hc, nb, block, _ = matrices.shape
+    size, c = x.shape[1], x.shape[2]
+    padded = torch.nn.functional.pad(x.to(matrices.dtype), (0, 0, width, nb * block - size + width))  # (Hc, nbR+2w, C)
+    windows = padded.unfold(1, block + 2 * width, block).transpose(-1, -2)  # (Hc, nb, R + 2w, C)
+    return (matrices @ windows).reshape(hc, nb * block, c)[:, :size]
 
 
 def _fft_size(n: int) -> int:
