@@ -243,6 +243,42 @@ def test_dense_c_s_built_by_blocks_equals_the_cells(pairs, band, rank):
         assert torch.allclose(structured.dense().matrix, structured.cells(every, every), atol=1e-6)
 
 
+@pytest.mark.parametrize("pairs", [False, True])
+@pytest.mark.parametrize(("band", "rank"), [(0, 0), (3, 2), (9, 1)])
+def test_band_blocks_gathered_from_the_parts_equal_the_cells(pairs, band, rank):
+    """A local layer's band (``StructuredSlots.band_blocks``) is gathered from the parts over its cells alone: each
+    block equals ``cells`` inside the window (row and column 0 apart) and is 0 outside it, across a pair's middle too,
+    with the stored band narrower and wider than the window; indices kept for one plan serve other heads' parts."""
+    length, g = 100, torch.Generator().manual_seed(band + 10 * rank)
+    layout = CompactLayout(length, band, rank, special_slots(length, pairs))
+    half = length // 2
+    shapes = [(half - 2, 30), (half, 20), (5, 49)] if pairs else [(40, 0), (length - 1, 0), (1, 0)]
+    for first, second in shapes:
+        order = torch.cat([torch.tensor([length - 1]), torch.arange(first), half + torch.arange(second)])
+        merged = second == 0 or first == half
+        segments = [(1, 0, first + second)] if merged else [(1, 0, first), (1 + first, half, second)]
+        derived = {}  # one plan's kept indices, shared by every layer (here: two sets of parts)
+        for layer in range(2):
+            structured = StructuredSlots(random_parts(layout, 3, g), layout, order, segments, torch.float32, derived)
+            size = structured.size
+            for width in (4, 64):
+                blocks = structured.band_blocks(width)  # (Hc, nb, R, R + 2 width)
+                nb, block = blocks.shape[1], blocks.shape[2]
+                start = torch.arange(nb)[:, None] * block
+                rows, cols = start + torch.arange(block), start - width + torch.arange(block + 2 * width)
+                inside = (rows[:, :, None] - cols[:, None, :]).abs() <= width
+                inside &= (rows[:, :, None] >= 1) & (rows[:, :, None] < size)
+                inside &= (cols[:, None, :] >= 1) & (cols[:, None, :] < size)
+                expected = structured.cells(rows.clamp(max=size - 1), cols.clamp(0, size - 1)) * inside
+                assert torch.allclose(blocks, expected, atol=1e-6), (first, second, layer, width)
+                x = torch.randn(3, size, 5, generator=g)
+                every = torch.arange(size)
+                dense = structured.cells(every, every)
+                keep = ((every[:, None] - every[None, :]).abs() <= width) & (every[:, None] > 0) & (every[None, :] > 0)
+                assert torch.allclose(structured.band_product(x, width), (dense * keep) @ x, atol=1e-5)
+        assert len(derived) == 2  # one entry a window width, made by the first layer
+
+
 def test_each_layer_takes_the_product_its_crossover_picks():
     """Global layers go structured from ``STRUCTURED_FROM`` slots in use, local (windowed) ones from
     ``LOCAL_STRUCTURED_FROM``; below, a dense ``C_S`` built from the parts."""
