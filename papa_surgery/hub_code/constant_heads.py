@@ -230,7 +230,7 @@ def _windowed(matrix, block: torch.Tensor, plan: SlotPlan, window: int) -> torch
     rows = block[:, :size]  # (Hc, S, B, d+1)
     out = matrix.band_product(rows.reshape(hc, size, b * width), window).to(dtype).view(hc, size, b, width)
 
-    rank, n_real, before, jump = plan.window_rows
+    rank, n_real, before, jump = plan.window_rows()
     # The final separator (row 0, rank n-1): its column for every row within the window, and its own row.
     near_last = ((n_real - 1)[None, :] - rank <= window) & (plan.row_mask > 0)  # (S, B)
     near_last = near_last.to(dtype)
@@ -239,7 +239,7 @@ def _windowed(matrix, block: torch.Tensor, plan: SlotPlan, window: int) -> torch
     out = out + column[..., None] * rows[:, :1]  # rank-1 term of every example
     own = matrix.cells(zero, idx)[:, 0, :, None].to(dtype) * near_last[None]  # (Hc, S, B): its row
     out[:, 0] = torch.einsum("hsb,hsbe->hbe", own, rows)
-    if not plan.jumps:  # no pair's middle in the batch: the band holds every other pair of tokens in the window
+    if not plan.jumps():  # no pair's middle in the batch: the band holds every other pair of tokens in the window
         return out.view(hc, size, b * width)
 
     # Across a pair's middle: tokens a and b' steps before / after it are a + b' + 1 apart, their rows a + b' + 1

@@ -159,10 +159,10 @@ class SlotPlan:
             )
         return cls(slots, max_length, first, second, False)
 
-    @functools.cached_property
     def window_rows(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """What a local layer needs to apply its window in the compressed space (structured plans only); made by
-        the first local layer and kept for the plan's others.
+        the first local layer and kept in ``derived`` for the plan's others (not while tracing: a graph computes
+        it where it is used, and dynamo cannot enter ``functools.cached_property``'s lock).
 
         Within a segment, rows are as far apart as their tokens; across a pair's middle they are ``jump`` rows
         farther; the final separator (row 0) is apart from everything.
@@ -172,6 +172,8 @@ class SlotPlan:
             last token before a pair's middle separator (-1 for a single segment), jump (B,) the extra rows
             between it and the middle separator's row (0 for a single segment).
         """
+        if "window_rows" in self.derived:
+            return self.derived["window_rows"]
         rank, n_real, first_mid, middle = self._places
         b = self.batch
         flat = torch.full(((self.size + 1) * b,), -_BIG, dtype=torch.long, device=self.slots.device)
@@ -186,13 +188,18 @@ class SlotPlan:
         last_first = row_of(torch.where(pair, first_mid - 1, torch.zeros_like(first_mid)))  # slot = rank there
         before = torch.where(pair, last_first, torch.full_like(first_mid, -1))
         jump = torch.where(pair, row_of(torch.where(pair, middle, torch.zeros_like(middle))) - last_first - 1, 0)
-        return rank_rows, n_real, before, jump
+        if is_tracing():
+            return rank_rows, n_real, before, jump
+        return self.derived.setdefault("window_rows", (rank_rows, n_real, before, jump))
 
-    @functools.cached_property
     def jumps(self) -> bool:
         """Whether a pair's rows jump at its middle in some example (``window_rows``' ``jump``): one host sync for
         the plan's every local layer; ``True`` while tracing (the graph keeps the general case)."""
-        return is_tracing() or bool(self.window_rows[3].any())
+        if is_tracing():
+            return True
+        if "jumps" not in self.derived:
+            self.derived["jumps"] = bool(self.window_rows()[3].any())
+        return self.derived["jumps"]
 
 
 def _extents(slots: torch.Tensor, max_length: int, n_real: torch.Tensor | None = None) -> tuple[int, int, int]:
