@@ -83,8 +83,8 @@ class SlotPlan:
             ]
         )
         self._places = places  # rank (B, N), n_real, first_mid, middle (B,): for window_rows
-        # What layers derive from the plan alone (the band's cell indices of a local layer's window), made by the
-        # first layer that needs it and kept for the plan's every layer; keyed by what else it depends on.
+        # What layers derive from the plan alone (window_rows, jumps, the band's cell indices of a local layer's
+        # window), made by the first layer that needs it and kept for the plan's every layer; never while tracing.
         self.derived: dict = {}
 
     @property
@@ -95,7 +95,8 @@ class SlotPlan:
     def row_tokens(self) -> torch.Tensor:
         """(S, B) the token on each row of each example, as an index into the (B N) flattened tokens (0 where the
         row is empty: ``row_mask`` says which). Structured plans only, whose rows hold one token of an example at
-        most; built on first use and kept for the plan's every layer."""
+        most; built on first use and kept for the plan's every layer. Read outside traced graphs only (dynamo
+        cannot enter ``functools.cached_property``'s lock), like ``flat_rows``."""
         b, n = self.slots.shape
         flat = torch.zeros((self.size + 1) * b, dtype=torch.long, device=self.slots.device)
         tokens = torch.arange(b * n, device=self.slots.device)

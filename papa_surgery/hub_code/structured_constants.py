@@ -257,7 +257,8 @@ class StructuredSlots:
         """(Hc, S, C) the product with ``C_S`` kept only where 1 <= i, j and |i - j| <= ``width``."""
         block = max(BLOCK, width)
         cells = -(-self.size // block) * block * (block + 2 * width)  # a head's band blocks
-        per_head = cells * (1 + x.shape[2] // block) * x.element_size()  # the blocks and x's windows
+        # the blocks and x's windows (a residual's u v^T is one more block: the group is then about 2x the budget)
+        per_head = cells * (1 + x.shape[2] // block) * x.element_size()
         return self._by_heads(StructuredSlots._band_product, x, width, per_head=per_head)
 
     def _product(self, x: torch.Tensor) -> torch.Tensor:
@@ -276,8 +277,9 @@ class StructuredSlots:
         return _banded(self.band_blocks(width), x, width)
 
     def band_blocks(self, width: int) -> torch.Tensor:
-        """(Hc, nb, R, R + 2 width) ``C_S``'s band in blocks of R rows (block b: rows bR .. bR + R - 1 by columns
-        bR - width .. bR + R + width - 1), 0 outside the band, outside [1, S) and in row or column 0.
+        """(Hc, nb, R, R + 2 width) ``C_S``'s band in blocks of R = max(``BLOCK``, width) rows (block b: rows bR ..
+        bR + R - 1 by columns bR - width .. bR + R + width - 1), 0 outside the band and outside rows and columns
+        1 .. S - 1.
 
         Gathered from the parts over the band's cells alone (O(S W) a head, never the (S, S) matrix), by ``cells``'
         order of precedence; the indices depend on the plan alone and are kept for its every layer."""
@@ -300,7 +302,8 @@ class StructuredSlots:
         return value.mul_(index["valid"].to(value.dtype))
 
     def _band_index(self, width: int) -> dict:
-        """The cells of :meth:`band_blocks` as indices into the parts (kept in ``derived``)."""
+        """The cells of :meth:`band_blocks` as indices into the parts (kept in ``derived`` for the forward: about 20
+        bytes a cell, some 20 MB at S = 8,192 and a 64-token half window)."""
         key = ("band_blocks", width, self.layout)
         if key in self.derived:
             return self.derived[key]
