@@ -327,7 +327,7 @@ def test_modernbert_fused_layers_rotate_and_attend_with_the_kept_heads_only(tiny
 
 def test_a_local_layers_band_kept_from_an_inference_forward_serves_a_training_one():
     """The band mask is kept between forwards: one made under ``torch.inference_mode`` must not break autograd."""
-    from papa_surgery.hub_code.structured_constants import DenseSlots
+    from papa_surgery.hub_code.dense_slots import DenseSlots
 
     x = torch.randn(2, 11, 3)
     with torch.inference_mode():

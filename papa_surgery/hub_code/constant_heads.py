@@ -33,10 +33,11 @@ from collections.abc import Sequence
 import torch
 
 from .compact_constants import COMPACT_PARTS, CompactLayout, constants_of, rebuild
+from .dense_slots import DenseSlots
 from .heads import select_heads
 from .slot_plan import SlotPlan
 from .slots import is_tracing, reference_constant_attention
-from .structured_constants import LOCAL_STRUCTURED_FROM, STRUCTURED_FROM, DenseSlots, StructuredSlots
+from .structured_constants import LOCAL_STRUCTURED_FROM, STRUCTURED_FROM, StructuredSlots
 
 PREPARED_UP_TO = 512  # compact constants up to this L keep their dense rebuild per module (Hc L^2 values)
 
@@ -91,7 +92,7 @@ def prepared_constants(module, dtype: torch.dtype) -> torch.Tensor:
 def compressed_constants(module, plan: SlotPlan, dtype: torch.dtype, window: int | None = None):
     """``C_S``, the constants' rows and columns of the slots the batch uses, as the product should use them.
 
-    Dense constants give a :class:`~structured_constants.DenseSlots` (clamped at 0), and so do compact constants up
+    Dense constants give a :class:`~dense_slots.DenseSlots` (clamped at 0), and so do compact constants up
     to L = ``PREPARED_UP_TO``: sliced from a dense rebuild kept per module. Above that, compact constants of format 2
     give a :class:`~structured_constants.StructuredSlots` from ``STRUCTURED_FROM`` rows on (a local layer's window:
     ``LOCAL_STRUCTURED_FROM``), else a dense ``C_S`` built from the parts; traced graphs build ``C_S`` from the parts.
