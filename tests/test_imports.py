@@ -226,3 +226,16 @@ def test_a_house_by_concept():
             name = child.stem if child.suffix == ".py" else child.name if (child / "__init__.py").exists() else None
             if name and name != "__init__" and hasattr(package, name):
                 assert isinstance(getattr(package, name), types.ModuleType), f"{package.__name__}.{name} is shadowed"
+
+
+def test_the_checkpoint_entry_file_imports_every_shipped_sibling():
+    """transformers before 5.23 copies only ``modeling_papa.py``'s own relative imports into its module cache when
+    loading a checkpoint folder: a sibling reached only through another one is missing there (a fresh
+    ``trust_remote_code`` load on the floor version fails with "No such file ... dense_slots.py")."""
+    import re
+
+    hub = Path(__file__).resolve().parents[1] / "papa_surgery" / "hub_code"
+    entry = (hub / "modeling_papa.py").read_text()
+    imported = set(re.findall(r"^from \.(\w+) import", entry, flags=re.MULTILINE))
+    shipped = {p.stem for p in hub.glob("*.py")} - {"__init__", "modeling_papa"}
+    assert shipped <= imported, f"import these in modeling_papa.py for the copy: {sorted(shipped - imported)}"

@@ -33,6 +33,7 @@ from .compact_constants import COMPACT_PARTS, CompactLayout
 from .compat import AttentionResolutionMixin, zeros_unless_loaded
 from .configuration_papa import papa_config_class
 from .constant_heads import constant_attention  # noqa: F401  (imported for the copy only)
+from .dense_slots import DenseSlots  # noqa: F401  (imported for the copy only)
 from .families import FAMILIES, family_for
 from .heads import PapaHeads
 from .overrides import attention_class, layer_class, slot_scope
