@@ -26,8 +26,6 @@ This file ships inside every PAPA checkpoint: it imports only torch and siblings
 
 from __future__ import annotations
 
-import functools
-
 import torch
 
 from .slots import _BIG, PAD_SLOT, check_fits, is_tracing, place_tokens, too_long_message
@@ -83,30 +81,43 @@ class SlotPlan:
             ]
         )
         self._places = places  # rank (B, N), n_real, first_mid, middle (B,): for window_rows
-        # What layers derive from the plan alone (window_rows, jumps, the band's cell indices of a local layer's
-        # window), made by the first layer that needs it and kept for the plan's every layer; never while tracing.
+        # What layers derive from the plan alone (row_tokens, flat_rows, window_rows, jumps, the band's cell indices
+        # of a local layer's window), made by the first layer that needs it and kept for the plan's every layer
+        # (``kept``); never while tracing.
         self.derived: dict = {}
 
     @property
     def batch(self) -> int:
         return self.slots.shape[0]
 
-    @functools.cached_property
+    @property
     def row_tokens(self) -> torch.Tensor:
         """(S, B) the token on each row of each example, as an index into the (B N) flattened tokens (0 where the
         row is empty: ``row_mask`` says which). Structured plans only, whose rows hold one token of an example at
-        most; built on first use and kept for the plan's every layer. Read outside traced graphs only (dynamo
-        cannot enter ``functools.cached_property``'s lock), like ``flat_rows``."""
-        b, n = self.slots.shape
-        flat = torch.zeros((self.size + 1) * b, dtype=torch.long, device=self.slots.device)
-        tokens = torch.arange(b * n, device=self.slots.device)
-        return flat.index_put_((self.rows * b + self.cols,), tokens).view(self.size + 1, b)[: self.size]
+        most; built on first use and kept for the plan's every layer."""
 
-    @functools.cached_property
+        def make() -> torch.Tensor:
+            b, n = self.slots.shape
+            flat = torch.zeros((self.size + 1) * b, dtype=torch.long, device=self.slots.device)
+            tokens = torch.arange(b * n, device=self.slots.device)
+            return flat.index_put_((self.rows * b + self.cols,), tokens).view(self.size + 1, b)[: self.size]
+
+        return self.kept("row_tokens", make)
+
+    @property
     def flat_rows(self) -> torch.Tensor:
         """(B*N,) each token's (``gather`` row, example) in the (S B)-flattened rows; kept for the plan's every
         layer."""
-        return self.gather * self.batch + self.cols
+        return self.kept("flat_rows", lambda: self.gather * self.batch + self.cols)
+
+    def kept(self, key, make):
+        """``make()``, made by the first layer that asks and kept in ``derived`` for the plan's others; made afresh
+        while tracing (a graph computes it where it is used)."""
+        if is_tracing():
+            return make()
+        if key not in self.derived:
+            self.derived[key] = make()
+        return self.derived[key]
 
     @classmethod
     def from_tokens(
@@ -162,8 +173,7 @@ class SlotPlan:
 
     def window_rows(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """What a local layer needs to apply its window in the compressed space (structured plans only); made by
-        the first local layer and kept in ``derived`` for the plan's others (not while tracing: a graph computes
-        it where it is used, and dynamo cannot enter ``functools.cached_property``'s lock).
+        the first local layer and kept for the plan's others (``kept``).
 
         Within a segment, rows are as far apart as their tokens; across a pair's middle they are ``jump`` rows
         farther; the final separator (row 0) is apart from everything.
@@ -173,8 +183,9 @@ class SlotPlan:
             last token before a pair's middle separator (-1 for a single segment), jump (B,) the extra rows
             between it and the middle separator's row (0 for a single segment).
         """
-        if "window_rows" in self.derived:
-            return self.derived["window_rows"]
+        return self.kept("window_rows", self._window_rows)
+
+    def _window_rows(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         rank, n_real, first_mid, middle = self._places
         b = self.batch
         flat = torch.full(((self.size + 1) * b,), -_BIG, dtype=torch.long, device=self.slots.device)
@@ -189,18 +200,12 @@ class SlotPlan:
         last_first = row_of(torch.where(pair, first_mid - 1, torch.zeros_like(first_mid)))  # slot = rank there
         before = torch.where(pair, last_first, torch.full_like(first_mid, -1))
         jump = torch.where(pair, row_of(torch.where(pair, middle, torch.zeros_like(middle))) - last_first - 1, 0)
-        if is_tracing():
-            return rank_rows, n_real, before, jump
-        return self.derived.setdefault("window_rows", (rank_rows, n_real, before, jump))
+        return rank_rows, n_real, before, jump
 
     def jumps(self) -> bool:
         """Whether a pair's rows jump at its middle in some example (``window_rows``' ``jump``): one host sync for
         the plan's every local layer; ``True`` while tracing (the graph keeps the general case)."""
-        if is_tracing():
-            return True
-        if "jumps" not in self.derived:
-            self.derived["jumps"] = bool(self.window_rows()[3].any())
-        return self.derived["jumps"]
+        return is_tracing() or self.kept("jumps", lambda: bool(self.window_rows()[3].any()))
 
 
 def _extents(slots: torch.Tensor, max_length: int, n_real: torch.Tensor | None = None) -> tuple[int, int, int]:
