@@ -13,7 +13,7 @@ import warnings
 
 import pytest
 import torch
-from conftest import SENTENCES, cli
+from conftest import FAMILY_TYPES, SENTENCES, cli
 from test_checkpoint import LOADER, fresh_python, loader_job
 
 import papa_surgery
@@ -82,7 +82,7 @@ def test_each_layer_keeps_the_exponent_that_brings_it_closest(tiny, average, mon
         in_force[id(module)] = p
         real_set(module, start, p)
 
-    def objective(papa, batches, first=1):
+    def objective(papa, batches, first=1, skip=((), None)):
         if first == 1 and not in_force:  # the whole objective, before any layer is fitted
             return 1.0
         current = [in_force.get(id(m), 1.0) for m in attention_modules(papa)]
@@ -157,3 +157,44 @@ def test_convert_kind_sharpened_through_the_cli_loads_in_a_fresh_process(tiny_fo
     (tmp_path / "jobs.json").write_text(json.dumps([job]))
     done = fresh_python(LOADER, str(tmp_path / "jobs.json"), cwd=tmp_path)
     assert "ALL-OK" in done.stdout, done.stderr[-3000:]
+
+
+@pytest.mark.parametrize("model_type", FAMILY_TYPES)
+def test_skipping_the_fitted_layers_scores_what_the_whole_model_scores(tiny, model_type, monkeypatch):
+    """A layer's trials skip the layers below (they return what they returned with the exponents already fitted):
+    every trial's score, the exponents and the losses equal those of running every layer, in every family. Five
+    layers, constant heads in 1, 2 and 4: the kept input of layer 1 comes from a layer not fitted, of layer 2 from
+    layer 1's best trial, of layer 4 from a pass that skips layers 0 to 2 and runs layer 3."""
+    from papa_surgery.healing import sharpness
+
+    depth = {"n_layers": 5} if model_type == "distilbert" else {"num_hidden_layers": 5}
+    model, tok = tiny.model(model_type, **depth), tiny.tokenizer(model_type)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", CoverageWarning)
+        average = calibrate(model, tok, SENTENCES, max_length=L, progress=False)
+    layers, heads = average.num_layers, average.num_heads
+    assert layers == 5
+    some = [[layer, h] for layer in (1, 2, 4) for h in range(heads) if (layer + h) % 2 == 0]
+    real_objective = sharpness._objective
+
+    def fit(skipping: bool):
+        scores = []
+
+        def objective(papa, batches, first=1, skip=((), None)):
+            scores.append(real_objective(papa, batches, first, skip if skipping else ((), None)))
+            return scores[-1]
+
+        def returned_by(papa, blocks, batches, k, known):
+            return real_returned_by(papa, blocks, batches, k, known if skipping else None)
+
+        monkeypatch.setattr(sharpness, "_objective", objective)
+        monkeypatch.setattr(sharpness, "_returned_by", returned_by)
+        fitted = sharpen(model, tok, SENTENCES, average, some, grid=(0.5, 2.0, 4.0), batch_size=2, progress=False)
+        return fitted, scores
+
+    real_returned_by = sharpness._returned_by
+    skipped, whole = fit(True), fit(False)
+    assert len(skipped[1]) == 2 + 4 * len({layer for layer, _ in some})  # before, 4 trials per layer, after
+    assert torch.allclose(torch.tensor(skipped[1]), torch.tensor(whole[1]), rtol=1e-5, atol=1e-7), model_type
+    assert skipped[0].metadata["sharpened"]["exponents"] == whole[0].metadata["sharpened"]["exponents"]
+    assert len(set(skipped[1])) > 3  # the trials differ: the exponents reach the scores
