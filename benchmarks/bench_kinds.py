@@ -12,7 +12,8 @@ healing. Each kind at each fraction is measured against the source:
 - with ``--documents``: on held-out long documents at L=512 (the bundled excerpt cut into documents of about 380
   words: 80% calibrate and fit, the rest are held out), fraction 1: sentence cos, token cos, per layer, within.
 
-Run: python benchmarks/bench_kinds.py [--model PATH] [--kinds average,sharpened] [--fractions 0.5,1]
+Run: python benchmarks/bench_kinds.py [--model PATH] [--kinds average,sharpened] [--fractions 0.5,1 ('' with
+     --documents: the documents only)]
      [--sentences 872] [--pool 1000] [--mrpc-train N] [--documents] [--data ../shared/data] [--threads 2]
      [--save [TAG]]
 """
@@ -108,7 +109,7 @@ def main() -> None:
     pool = sst2_sentences(data, "train")[: args.pool]
     (train_pairs, train_labels) = mrpc_pairs(data, "train")
     mrpc = (train_pairs[: args.mrpc_train], train_labels[: args.mrpc_train]), mrpc_pairs(data, "eval")
-    kinds, fractions = args.kinds.split(","), [float(f) for f in args.fractions.split(",")]
+    kinds, fractions = args.kinds.split(","), [float(f) for f in args.fractions.split(",") if f]
     print(f"{args.model}, torch {torch.__version__}, {torch.get_num_threads()} threads")
 
     def embed_with(model, length):
@@ -129,28 +130,29 @@ def main() -> None:
             flush=True,
         )
 
-    corpus = open_corpus(None)
-    start = time.perf_counter()
-    average = papa_surgery.calibrate(source, tok, corpus, progress=False)
-    seconds = time.perf_counter() - start
-    length = average.max_length
-    print(f"sentences: {len(dev)} of SST-2 dev at L={length} (the source's own); corpus: {corpus.description}")
-    ranking = papa_surgery.rank("variance", constants=average)
-    base = {"top10": 1.0}
-    base["mrpc_acc"], base["mrpc_f1"] = mrpc_scores(embed_with(source, length), *mrpc)
-    print(f"source MRPC {base['mrpc_acc']:.3f}/{base['mrpc_f1']:.3f}; calibration {seconds:.0f} s")
-    for fraction in fractions:
-        heads = ranking.select(fraction)
-        for kind in kinds:
-            start = time.perf_counter()
-            constants = average
-            if kind == "sharpened":
-                constants = papa_surgery.sharpen(source, tok, corpus, average, heads, progress=False)
-                print("  exponents:", constants.metadata["sharpened"]["exponents"])
-            elif kind != "average":
-                constants = papa_surgery.calibrate(source, tok, corpus, kind=kind, progress=False)
-            model = papa_surgery.convert(source, constants, ranking, fraction, tokenizer=tok)
-            report("sentences", kind, fraction, model, dev, length, time.perf_counter() - start)
+    if fractions:  # --fractions '': the documents only
+        corpus = open_corpus(None)
+        start = time.perf_counter()
+        average = papa_surgery.calibrate(source, tok, corpus, progress=False)
+        seconds = time.perf_counter() - start
+        length = average.max_length
+        print(f"sentences: {len(dev)} of SST-2 dev at L={length} (the source's own); corpus: {corpus.description}")
+        ranking = papa_surgery.rank("variance", constants=average)
+        base = {"top10": 1.0}
+        base["mrpc_acc"], base["mrpc_f1"] = mrpc_scores(embed_with(source, length), *mrpc)
+        print(f"source MRPC {base['mrpc_acc']:.3f}/{base['mrpc_f1']:.3f}; calibration {seconds:.0f} s")
+        for fraction in fractions:
+            heads = ranking.select(fraction)
+            for kind in kinds:
+                start = time.perf_counter()
+                constants = average
+                if kind == "sharpened":
+                    constants = papa_surgery.sharpen(source, tok, corpus, average, heads, progress=False)
+                    print("  exponents:", constants.metadata["sharpened"]["exponents"])
+                elif kind != "average":
+                    constants = papa_surgery.calibrate(source, tok, corpus, kind=kind, progress=False)
+                model = papa_surgery.convert(source, constants, ranking, fraction, tokenizer=tok)
+                report("sentences", kind, fraction, model, dev, length, time.perf_counter() - start)
     if args.documents:
         docs = documents()
         cut = int(len(docs) * 0.8)
@@ -159,7 +161,7 @@ def main() -> None:
         average = papa_surgery.calibrate(source, tok, fit, max_length=512, storage="dense", progress=False)
         seconds = time.perf_counter() - start
         heads = [[layer, h] for layer in range(average.num_layers) for h in range(average.num_heads)]
-        print(f"documents: {len(fit)} to calibrate, {len(held)} held out, L=512, fraction 1")
+        print(f"documents: {len(fit)} to calibrate ({seconds:.0f} s), {len(held)} held out, L=512, fraction 1")
         for kind in kinds:
             start = time.perf_counter()
             constants = average
