@@ -224,8 +224,8 @@ def convert(
         dtype: how the constants are stored: ``float32``, ``float16`` or ``bfloat16`` (or fp32/fp16/bf16).
         trainable_constants: give the constants gradients.
         source_name: the source's Hub id, for the provenance.
-        storage, compact_band, compact_rank: ``"dense"``, ``"compact"`` or ``"auto"`` (dense up to L=128, compact
-            above), its band and rank: see :func:`papa_surgery.conversion.surgery.convert`.
+        storage, compact_band, compact_rank: ``"dense"``, ``"compact"`` or ``"auto"`` (dense up to L=128 and for
+            trained kinds, compact above), its band and rank: see :func:`papa_surgery.conversion.surgery.convert`.
 
     Returns:
         The PAPA model (``Papa<Class>``), in eval mode. ``model.papa_recipe`` holds what :func:`save` writes

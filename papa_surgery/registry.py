@@ -173,7 +173,7 @@ DEFAULT_TRAIN = "full"
 HEAL_OBJECTIVES = ("auto", "layers", "last", "embedding", "layers+embedding", "last+embedding")
 
 STORAGES = {
-    "auto": "dense up to L=128, compact above",
+    "auto": "dense up to L=128 (and for trained kinds), compact above",
     "dense": "an L x L matrix per constant head",
     "compact": "band, special slots, relative-offset profile and a low-rank residual (what the model computes with)",
 }

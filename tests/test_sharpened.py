@@ -198,3 +198,36 @@ def test_skipping_the_fitted_layers_scores_what_the_whole_model_scores(tiny, mod
     assert torch.allclose(torch.tensor(skipped[1]), torch.tensor(whole[1]), rtol=1e-5, atol=1e-7), model_type
     assert skipped[0].metadata["sharpened"]["exponents"] == whole[0].metadata["sharpened"]["exponents"]
     assert len(set(skipped[1])) > 3  # the trials differ: the exponents reach the scores
+
+
+def test_a_skipped_block_gets_back_the_forward_it_had():
+    """Skipping sets an instance ``forward`` for the duration; one already there (accelerate's offload hooks wrap
+    ``forward`` so) is put back, and a block without one gets its class's again."""
+    from papa_surgery.healing.sharpness import _skipped
+
+    plain, hooked = torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)
+    wrapper = hooked.forward  # a bound method kept as an instance attribute, as a hook would
+    hooked.forward = lambda x: wrapper(x) * 0
+    own = hooked.forward
+    with _skipped([plain, hooked], "kept"):
+        assert plain(torch.ones(2)) == "kept" and hooked(torch.ones(2)) == "kept"
+    assert "forward" not in plain.__dict__ and hooked.forward is own
+    assert torch.equal(hooked(torch.ones(2)), torch.zeros(2))
+
+
+def test_trained_kinds_are_stored_as_the_dense_matrices_they_were_fitted_as(tiny, average):
+    """Above L=128 ``auto`` stores an average compact; sharpened and distilled constants stay the dense matrices
+    they were fitted as (the compact residual can cancel a sharpened row's mass: inf and NaN on some lengths);
+    ``storage='compact'`` still compacts them when asked."""
+    model, tok = tiny.model("bert"), tiny.tokenizer("bert")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", CoverageWarning)
+        long = calibrate(model, tok, _texts()[0], max_length=160, progress=False)
+    raised = sharpen(model, tok, _texts()[0], long, HEADS, grid=(2.0,), batch_size=4, progress=False)
+    assert papa_surgery.convert(model, long, "first-to-last", 1.0, tokenizer=tok).config.papa_compact_band == 16
+    for kind in ("sharpened", "distilled"):
+        c = raised if kind == "sharpened" else papa_surgery.Constants(raised.values, kind, 160, False)
+        config = papa_surgery.convert(model, c, "first-to-last", 1.0, tokenizer=tok).config
+        assert config.papa_compact_band is None and config.papa_compact_rank is None, kind
+    asked = papa_surgery.convert(model, raised, "first-to-last", 1.0, tokenizer=tok, storage="compact")
+    assert asked.config.papa_compact_band == 16

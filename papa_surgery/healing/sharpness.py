@@ -37,7 +37,7 @@ from ..hub_code.modeling_papa import attention_modules, heads_by_layer
 from .objective import hidden_error
 
 GRID = (0.75, 1.0, 1.25, 1.5, 2.0, 2.5, 3.0)
-__all__ = ["GRID", "layer_blocks", "sharpen", "sharpened_values"]
+__all__ = ["GRID", "sharpen", "sharpened_values"]
 
 
 def sharpened_values(constants: Constants, exponents: dict[int, float], heads) -> torch.Tensor:
@@ -104,7 +104,7 @@ def sharpen(
             papa = convert(model, constants, heads, tokenizer=tokenizer, storage="dense").to(device).eval()
             batches = _batches(model, tokenizer, examples, constants, batch_size, device)
             modules = dict(enumerate(attention_modules(papa)))
-            blocks = layer_blocks(papa)
+            blocks = _layer_blocks(papa)
             starts = {layer: modules[layer].papa_constants.detach().clone() for layer in heads_by_layer(heads)}
             before = _objective(papa, batches)
             known = None  # (k, what block k returns on each batch with the exponents fitted so far)
@@ -182,7 +182,7 @@ def _objective(papa, batches, first: int = 1, skip=((), None)) -> float:
     return total / count
 
 
-def layer_blocks(model) -> list:
+def _layer_blocks(model) -> list:
     """The block of every layer (the module whose output is the next hidden state), in layer order."""
     attention = attention_modules(model)
     for module in model.modules():
@@ -195,13 +195,19 @@ def layer_blocks(model) -> list:
 @contextmanager
 def _skipped(blocks, returned):
     """``blocks`` not run: each returns ``returned`` (the model still runs its embeddings and the blocks above)."""
+    # an instance attribute over the class's forward; one already there (accelerate's offload hooks put theirs
+    # there) is put back after
+    saved = [block.__dict__.get("forward") for block in blocks]
     for block in blocks:
-        block.forward = lambda *args, **kwargs: returned  # an instance attribute, over the class's forward
+        block.forward = lambda *args, **kwargs: returned
     try:
         yield
     finally:
-        for block in blocks:
-            del block.forward
+        for block, before in zip(blocks, saved, strict=True):
+            if before is None:
+                del block.forward
+            else:
+                block.forward = before
 
 
 @contextmanager

@@ -197,9 +197,9 @@ class ConvertOptions(Checked):
     dtype: str = opt("Storage dtype of the constants.", "fp32", type=click.Choice(registry.DTYPES))
     storage: str = opt(
         "How constants are stored: dense L x L matrices, or compact (band, special slots, relative-offset profile "
-        "and a low-rank residual; what the model computes with, exactly). auto: dense up to L=128, compact above. "
-        "Calibration streams straight into the compact form (no L x L sums per head) with compact, and with auto "
-        "above L=512.",
+        "and a low-rank residual; what the model computes with, exactly). auto: dense up to L=128 (and for "
+        "sharpened and distilled constants), compact above. Calibration streams straight into the compact form (no "
+        "L x L sums per head) with compact, and with auto above L=512.",
         "auto",
         type=click.Choice(tuple(registry.STORAGES)),
     )
