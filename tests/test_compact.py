@@ -214,3 +214,75 @@ def test_compact_constants_export_with_dynamic_shapes(tiny, model_type):
     papa = convert(src, _random_constants(), HEADS, tokenizer=tok, storage="compact", compact_band=4, compact_rank=3)
     got, expected = exported_and_eager(papa, tok)
     assert float((got - expected).abs().max()) <= 1e-5
+
+
+def test_single_input_mass_is_each_rows_sum_over_an_inputs_slots():
+    from papa_surgery.calibration.compaction import single_input_mass
+    from papa_surgery.hub_code.slots import compute_slots
+
+    c = _random_constants(length=12).values[0]  # (4, 12, 12)
+    lengths = torch.arange(1, 13)
+    slots = compute_slots(None, (torch.arange(12)[None, :] < lengths[:, None]).long(), 12)  # (n, 12), -1 padding
+    mass = single_input_mass(c)  # (4, n, q)
+    for n in lengths.tolist():
+        held = slots[n - 1][slots[n - 1] >= 0]
+        assert torch.allclose(mass[:, n - 1, :], c[:, :, held].sum(-1), atol=1e-6), n
+
+
+def test_a_row_whose_residual_cancels_its_mass_keeps_none_and_stays_finite(tiny, monkeypatch):
+    """The residual is fitted to cells, not to the sums rows are divided by: a row whose mass on short inputs' slots
+    is tiny (its mass sits at a slot few inputs reach) got a sum near or below 0 there, and renormalising blew it up
+    (all-MiniLM-L6-v2's average at L=256: NaN from 215 tokens). Such a row is stored without its residual (profile,
+    band and special slots: no negative cell, so renormalised it is a distribution), and the outputs stay finite."""
+    from papa_surgery.calibration import compaction
+    from papa_surgery.calibration.compaction import short_rows
+
+    length, row = 64, 30
+    g = torch.Generator().manual_seed(0)
+    values = torch.softmax(torch.randn(2, 4, length, length, generator=g) * 2, -1)
+    values[0, 1, row] = 1e-7
+    values[0, 1, row, 55] = 1.0  # the row's mass sits at slot 55: inputs of 33 to 57 tokens see almost none of it
+    constants = Constants(values, "average", length)
+    model, tok = tiny.model("bert"), tiny.tokenizer("bert")
+    every = [[layer, h] for layer in range(2) for h in range(4)]
+    layout = layout_for("compact", length, False, band=4, rank=4)
+    with monkeypatch.context() as patch:  # fitted to the cells alone, the crafted row loses its mass
+        patch.setattr(compaction, "short_rows", lambda dense, rebuilt: torch.zeros(dense.shape[:2], dtype=torch.bool))
+        unguarded = rebuild(compact_parts(values[0], layout), layout)
+    assert short_rows(values[0], unguarded)[1, row]
+    papa = convert(model, constants, every, tokenizer=tok, storage="compact", compact_band=4, compact_rank=4)
+    dense = convert(model, constants, every, tokenizer=tok, storage="dense")
+    for layer, module in enumerate(attention_modules(papa)):  # a row keeps half its mass, or has no negative cell
+        stored = constants_of(module)
+        assert (stored[short_rows(values[layer], stored)] >= 0).all(), layer
+    ids = torch.randint(5, len(tok), (1, 45), generator=g)
+    with torch.no_grad():
+        out, reference = papa(input_ids=ids)[0], dense(input_ids=ids)[0]
+    assert torch.isfinite(out).all() and out.abs().max() < 10 * reference.abs().max()
+
+
+@pytest.mark.real
+def test_minilm_compact_at_its_own_length_is_finite_on_its_longest_inputs(minilm):
+    """all-MiniLM-L6-v2, the average over the bundled corpus at its own L=256, every head constant, stored compact as
+    ``auto`` stores it: one head's row for slot 211 summed below 0 over inputs of 215 tokens and more (NaN there)."""
+    import warnings
+
+    from papa_surgery.calibration.average import calibrate
+    from papa_surgery.calibration.corpus import bundled_corpus
+    from papa_surgery.calibration.coverage import CoverageWarning
+
+    model, tok = minilm
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", CoverageWarning)
+        constants = calibrate(model, tok, list(bundled_corpus()), max_length=256, progress=False)
+    every = [[layer, h] for layer in range(6) for h in range(12)]
+    papa = convert(model, constants, every, tokenizer=tok)
+    dense = convert(model, constants, every, tokenizer=tok, storage="dense")
+    assert papa.config.papa_compact_rank == 16
+    text = " ".join(["the quick brown fox jumps over the lazy dog near the river bank"] * 30)
+    for n in (200, 215, 256):
+        enc = tok([text], truncation=True, max_length=n, return_tensors="pt")
+        with torch.no_grad():
+            out, reference = papa(**enc)[0][0], dense(**enc)[0][0]
+        assert torch.isfinite(out).all(), n
+        assert torch.nn.functional.cosine_similarity(out, reference, dim=-1).min() > 0.98, n

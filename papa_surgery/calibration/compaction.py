@@ -42,6 +42,9 @@ LONG_RANK = 0
 RESIDUAL_UP_TO = registry.DENSE_CALIBRATION_UP_TO
 DENSE_UP_TO = 128  # ``auto`` keeps dense matrices up to this L
 COMPLETION_ROUNDS = 4
+# A rebuilt row that keeps less than this share of its mass on some single input's slots drops its residual
+# (``short_rows``): renormalising such a row multiplies it by more than 1 / MASS_KEPT, or divides by a sum <= 0.
+MASS_KEPT = 0.5
 
 
 def layout_for(storage: str, max_length: int, pairs: bool, band: int | None = None, rank: int | None = None,
@@ -100,7 +103,32 @@ def compact_parts(values: torch.Tensor, layout: CompactLayout, dtype: torch.dtyp
         "papa_constants_v": v,
     }
     assert set(parts) == set(COMPACT_PARTS)
+    if layout.rank and not layout.clamped:
+        # those rows without their residual (row q of u @ v^T is u[q] @ v^T): profile, band and special slots, >= 0
+        parts["papa_constants_u"][short_rows(c, rebuild(parts, layout))] = 0.0
     return {name: t.to(dtype).contiguous() for name, t in parts.items()}
+
+
+def single_input_mass(c: torch.Tensor) -> torch.Tensor:
+    """(Hc, L, L) float32: ``[h, n - 1, q]`` is row q of ``c`` summed over the slots an input of n tokens holds
+    alone (``compute_slots``: slots 0 to n - 2 and the last slot), for n = 1 to L: what the row is divided by."""
+    c = c.float()
+    length = c.shape[-1]
+    prefix = torch.nn.functional.pad(torch.cumsum(c[..., : length - 1], dim=-1), (1, 0))  # (Hc, L, L): slots < n-1
+    return (prefix + c[..., length - 1 :]).transpose(-1, -2)
+
+
+def short_rows(dense: torch.Tensor, rebuilt: torch.Tensor) -> torch.Tensor:
+    """(Hc, L) bool: the rows of ``rebuilt`` (Hc, L, L) that keep less than ``MASS_KEPT`` of their mass in ``dense``
+    on some single input that has their query. The residual is fitted to the cells, not to these sums: where a
+    row's mass on an input's slots is small (slots few inputs reach), its errors can cancel the sum or turn it
+    negative, and renormalising the row then blows it up (all-MiniLM-L6-v2, the average at L=256, one head: NaN
+    for inputs of 215 tokens and more)."""
+    length = dense.shape[-1]
+    n, q = torch.arange(1, length + 1)[:, None], torch.arange(length)[None, :]
+    real = (q < n - 1) | (q == length - 1)  # (n, q): the queries an input of n tokens has
+    kept, given = single_input_mass(rebuilt), single_input_mass(dense.clamp_min(0))
+    return (real & (given > 0) & (kept < MASS_KEPT * given)).any(1)  # (Hc, n, q) -> (Hc, q)
 
 
 def compacted(values: torch.Tensor, layout: CompactLayout, dtype: torch.dtype = torch.float32) -> torch.Tensor:
