@@ -35,6 +35,7 @@ from ..calibration.passes import borrow
 from ..conversion.surgery import convert, normalize_heads
 from ..hub_code.modeling_papa import attention_modules, heads_by_layer
 from .objective import hidden_error
+from .trainable import layer_modules
 
 GRID = (0.75, 1.0, 1.25, 1.5, 2.0, 2.5, 3.0)
 __all__ = ["GRID", "sharpen", "sharpened_values"]
@@ -104,7 +105,7 @@ def sharpen(
             papa = convert(model, constants, heads, tokenizer=tokenizer, storage="dense").to(device).eval()
             batches = _batches(model, tokenizer, examples, constants, batch_size, device)
             modules = dict(enumerate(attention_modules(papa)))
-            blocks = _layer_blocks(papa)
+            blocks = layer_modules(papa)
             starts = {layer: modules[layer].papa_constants.detach().clone() for layer in heads_by_layer(heads)}
             before = _objective(papa, batches)
             known = None  # (k, what block k returns on each batch with the exponents fitted so far)
@@ -180,16 +181,6 @@ def _objective(papa, batches, first: int = 1, skip=((), None)) -> float:
         count += len(targets[0])
         total += float(loss) * len(targets[0])
     return total / count
-
-
-def _layer_blocks(model) -> list:
-    """The block of every layer (the module whose output is the next hidden state), in layer order."""
-    attention = attention_modules(model)
-    for module in model.modules():
-        if isinstance(module, torch.nn.ModuleList) and len(module) == len(attention):
-            if all(any(m is a for m in block.modules()) for block, a in zip(module, attention, strict=True)):
-                return list(module)
-    raise ValueError(f"{type(model).__name__}: no list of {len(attention)} layers holding its attention modules")
 
 
 @contextmanager

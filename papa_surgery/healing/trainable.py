@@ -154,6 +154,12 @@ def _layer_prefixes(model) -> list[str]:
     return prefixes
 
 
+def layer_modules(model) -> list[nn.Module]:
+    """The transformer layer holding each attention module (the module whose output is the next hidden state), in
+    layer order."""
+    return [model.get_submodule(prefix) for prefix in _layer_prefixes(model)]
+
+
 def _in_layers(name: str, model) -> bool:
     return any(name.startswith(prefix + ".") for prefix in _layer_prefixes(model))
 
