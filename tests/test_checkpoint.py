@@ -218,6 +218,41 @@ def test_checkpoint_layout_and_weights(tiny, tmp_path, model_type):
         assert not isinstance(getattr(attention_modules(papa)[1], family.q), torch.nn.Linear)
 
 
+@pytest.mark.parametrize("model_type", FAMILY_TYPES)
+def test_loaded_in_bf16_every_weight_has_the_sources_dtype_and_it_runs_where_the_source_runs(
+    tiny, tmp_path, model_type
+):
+    """``from_pretrained(..., dtype=torch.bfloat16)``: each weight the checkpoint shares with the source is in the
+    dtype the source's has loaded the same way (DeBERTa v1's q_bias/v_bias stay float32 in transformers, and once
+    left the whole rebuilt layer float32), and the model computes in bf16 what it computes in fp32."""
+    from transformers import AutoModel
+
+    source_dir = tiny.save(model_type, tmp_path / "source")
+    src, tok = tiny.model(model_type), tiny.tokenizer(model_type)
+    consts = Constants.from_kind(
+        "toeplitz", len(attention_modules(src)), getattr(src.config, FAMILIES[model_type].heads_attr), L
+    )
+    ckpt = save_checkpoint(convert(src, consts, HEADS, tokenizer=tok), tmp_path / "ckpt", tokenizer=tok, card=False)
+    source = AutoModel.from_pretrained(source_dir, dtype=torch.bfloat16)
+    papa = AutoModel.from_pretrained(ckpt, trust_remote_code=True, dtype=torch.bfloat16).eval()
+    wanted = {name: p.dtype for name, p in source.named_parameters()}
+    got = {name: p.dtype for name, p in papa.named_parameters() if not name.endswith("papa_constants")}
+    assert {n: d for n, d in got.items() if d != wanted.get(n, torch.bfloat16)} == {}
+    inputs = tok(["a fun ride .", "it 's a charming and often affecting journey ."], padding=True, return_tensors="pt")
+    try:
+        with torch.no_grad():
+            source(**inputs)
+    except RuntimeError as error:  # transformers' own DeBERTa v1 cannot run in bf16: neither can its conversion
+        with pytest.raises(RuntimeError, match="dtype"):
+            papa(**inputs)
+        pytest.skip(f"the source itself fails in bf16: {error}")
+    full = AutoModel.from_pretrained(ckpt, trust_remote_code=True).eval()
+    with torch.no_grad():
+        half, exact = papa(**inputs).last_hidden_state.float(), full(**inputs).last_hidden_state
+    real = inputs["attention_mask"].bool()
+    assert torch.nn.functional.cosine_similarity(half[real], exact[real], dim=-1).min() > 0.98
+
+
 @pytest.mark.real
 def test_real_minilm_half_converted_round_trip(minilm_path, tmp_path):
     from transformers import AutoModel, AutoTokenizer

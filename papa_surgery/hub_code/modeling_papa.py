@@ -112,11 +112,18 @@ def apply_papa(model: nn.Module) -> None:
 
 
 def _rebuilt(cls: type, old: nn.Module, config) -> nn.Module:
-    """A fresh ``cls(config)`` on ``old``'s device and dtype (construction only: weights are loaded later)."""
-    param = next(old.parameters())
-    with torch.device(param.device):
-        new = cls(config)
-    return new.to(dtype=param.dtype)
+    """A fresh ``cls(config)`` on ``old``'s device, each parameter in the dtype ``old``'s of that name has, the new
+    ones in ``old``'s most common dtype (construction only: weights are loaded later)."""
+    # not the first parameter's dtype for all: transformers' DeBERTa v1 makes q_bias/v_bias float32 in a bf16 model,
+    # and casting the whole rebuilt layer to it left the checkpoint's layers float32 under dtype=torch.bfloat16
+    params = dict(old.named_parameters())
+    dtypes = [p.dtype for p in params.values()]
+    with torch.device(next(iter(params.values())).device):
+        new = cls(config).to(dtype=max(set(dtypes), key=dtypes.count))
+    for name, param in new.named_parameters():
+        if name in params and param.dtype != params[name].dtype:
+            param.data = param.data.to(params[name].dtype)
+    return new
 
 
 class PapaModelMixin(AttentionResolutionMixin):
