@@ -16,12 +16,16 @@ client   the real client: ``SentenceTransformer(ckpt).encode`` of 2,000 sentence
          train; the bundled WikiText excerpt without ../shared/data), all-MiniLM-L6-v2 converted at L=256 and
          fraction 1 (toeplitz constants: values do not change the cost) against the source: sentences per second.
 
+``--device cuda --dtype bfloat16`` runs the speed and memory sections on a GPU (the models and inputs moved there,
+each call timed to its end with ``torch.cuda.synchronize``, peak memory from ``torch.cuda.max_memory_allocated``);
+``--batch-scale k`` multiplies every batch size (a GPU is idle at CPU batch sizes).
+
 Times are medians of interleaved repeats (``timing.interleaved_medians``); on a machine shared with other work
 the ratios stay fair but noisy, so rerun on a quiet machine for numbers to quote. ``--clock thread`` (one thread)
 counts the CPU time each forward gets instead of wall time: steadier on a crowded machine, blind to threading.
 
 Run: python benchmarks/bench_runtime.py [--repeats 5] [--threads 2] [--clock wall|thread]
-         [--sections speed memory client]
+         [--sections speed memory client] [--device cpu|cuda] [--dtype float32|bfloat16|float16] [--batch-scale 1]
 """
 
 from __future__ import annotations
@@ -109,19 +113,38 @@ def flop_limit(model, n: int) -> float:
     )
 
 
-def speed(repeats: int, clock) -> None:
-    print("speed: forward ms (median of interleaved repeats), converted vs source")
+def placed(model, where: dict):
+    """``model`` on ``where["device"]`` in ``where["dtype"]``, eval mode."""
+    return model.to(where["device"], getattr(torch, where["dtype"])).eval()
+
+
+def timed(model, inputs: dict, device: str):
+    """A call of ``model`` on ``inputs`` that returns once the device has finished it."""
+
+    def call():
+        model(**inputs)
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+
+    return call
+
+
+def speed(repeats: int, clock, where: dict) -> None:
+    device, scale = where["device"], where["batch_scale"]
+    print(f"speed: forward ms (median of interleaved repeats), converted vs source; {device}, {where['dtype']}")
     print(
         f"{'model':15s} {'n':>4s} {'batch':>5s} {'inputs':7s} {'frac':>4s} {'source':>9s} {'convert':>9s} "
         f"{'speed-up':>8s} {'FLOP lim':>8s} {'of lim':>6s}"
     )
     for family, n, size in SPEED_CASES:
+        size *= scale
         source = source_model(family)
         models = {"source": source, **{f: converted(source, f, n) for f in FRACTIONS}}
+        models = {name: placed(m, where) for name, m in models.items()}
         for padded in (False, True):
-            inputs = batch(source.config, n, size, padded)
+            inputs = {k: v.to(device) for k, v in batch(source.config, n, size, padded).items()}
             with torch.inference_mode():
-                calls = {name: functools.partial(m, **inputs) for name, m in models.items()}
+                calls = {name: timed(m, inputs, device) for name, m in models.items()}
                 medians = interleaved_medians(calls, repeats, clock)
             for fraction in FRACTIONS:
                 ratio = medians["source"] / medians[fraction]
@@ -151,17 +174,30 @@ def peak_activation_bytes(model, inputs: dict) -> int:
     return int(max(e["args"]["Total Allocated"] for e in memory_events) - before)
 
 
-def memory() -> None:
-    n, size = 512, 8
+def peak_cuda_bytes(model, inputs: dict) -> int:
+    """Peak bytes the CUDA allocator holds during one forward above what it held before it."""
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    with torch.inference_mode():
+        model(**inputs)
+    torch.cuda.synchronize()
+    return torch.cuda.max_memory_allocated() - before
+
+
+def memory(where: dict) -> None:
+    device = where["device"]
+    n, size = 512, 8 * where["batch_scale"]
     source = source_model("bert")
-    inputs = batch(source.config, n, size, padded=True)
-    print(f"memory: peak activation of one forward, BERT-base n={n} batch {size} padded")
+    inputs = {k: v.to(device) for k, v in batch(source.config, n, size, padded=True).items()}
+    print(f"memory: peak activation of one forward, BERT-base n={n} batch {size} padded; {device}, {where['dtype']}")
     models = {"source": source, **{f"fraction {f}": converted(source, f, n) for f in FRACTIONS}}
+    models = {name: placed(m, where) for name, m in models.items()}
     base = None
     for name, model in models.items():
-        with torch.inference_mode():
-            model(**batch(source.config, 16, 1, padded=False))  # warm-up: prepared constants are built once
-        peak = peak_activation_bytes(model, inputs)
+        with torch.inference_mode():  # warm-up: prepared constants are built once
+            model(**{k: v.to(device) for k, v in batch(source.config, 16, 1, padded=False).items()})
+        peak = peak_cuda_bytes(model, inputs) if device.startswith("cuda") else peak_activation_bytes(model, inputs)
         base = base or peak
         print(f"  {name:13s} {peak / 2**20:8.1f} MiB   {peak / base:5.2f} of the source's", flush=True)
 
@@ -212,6 +248,9 @@ def main() -> None:
         "--sections", nargs="+", default=["speed", "memory", "client"], choices=["speed", "memory", "client"]
     )
     parser.add_argument("--clock", choices=["wall", "thread"], default="wall")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda (speed and memory; client runs on the CPU)")
+    parser.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32")
+    parser.add_argument("--batch-scale", type=int, default=1, help="multiply every batch size by this")
     add_save_option(parser)
     args = parser.parse_args()
     record = start_record("bench_runtime", args.save)
@@ -220,9 +259,12 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     clock = time.perf_counter if args.clock == "wall" else time.thread_time
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {args.clock} clock", flush=True)
+    where = {"device": args.device, "dtype": args.dtype, "batch_scale": args.batch_scale}
+    if args.device != "cpu" and "client" in args.sections:
+        parser.error("--sections client runs on the CPU: pass --sections speed memory with --device")
     sections = {
-        "speed": lambda: speed(args.repeats, clock),
-        "memory": memory,
+        "speed": lambda: speed(args.repeats, clock, where),
+        "memory": lambda: memory(where),
         "client": lambda: client(args.repeats, clock),
     }
     for section in args.sections:
