@@ -18,7 +18,8 @@ client   the real client: ``SentenceTransformer(ckpt).encode`` of 2,000 sentence
 
 ``--device cuda --dtype bfloat16`` runs the speed and memory sections on a GPU (the models and inputs moved there,
 each call timed to its end with ``torch.cuda.synchronize``, peak memory from ``torch.cuda.max_memory_allocated``);
-``--batch-scale k`` multiplies every batch size (a GPU is idle at CPU batch sizes).
+``--batch-scale k`` multiplies every batch size (a GPU is idle at CPU batch sizes); ``--compile`` runs every model
+through ``torch.compile``; ``--cases bert-128,modernbert-512`` picks speed cases.
 
 Times are medians of interleaved repeats (``timing.interleaved_medians``); on a machine shared with other work
 the ratios stay fair but noisy, so rerun on a quiet machine for numbers to quote. ``--clock thread`` (one thread)
@@ -114,8 +115,9 @@ def flop_limit(model, n: int) -> float:
 
 
 def placed(model, where: dict):
-    """``model`` on ``where["device"]`` in ``where["dtype"]``, eval mode."""
-    return model.to(where["device"], getattr(torch, where["dtype"])).eval()
+    """``model`` on ``where["device"]`` in ``where["dtype"]``, eval mode (``torch.compile``d with ``--compile``)."""
+    model = model.to(where["device"], getattr(torch, where["dtype"])).eval()
+    return torch.compile(model) if where.get("compile") else model
 
 
 def timed(model, inputs: dict, device: str):
@@ -131,12 +133,17 @@ def timed(model, inputs: dict, device: str):
 
 def speed(repeats: int, clock, where: dict) -> None:
     device, scale = where["device"], where["batch_scale"]
-    print(f"speed: forward ms (median of interleaved repeats), converted vs source; {device}, {where['dtype']}")
+    compiled = ", torch.compile" if where.get("compile") else ""
+    print(
+        f"speed: forward ms (median of interleaved repeats), converted vs source; {device}, {where['dtype']}{compiled}"
+    )
     print(
         f"{'model':15s} {'n':>4s} {'batch':>5s} {'inputs':7s} {'frac':>4s} {'source':>9s} {'convert':>9s} "
         f"{'speed-up':>8s} {'FLOP lim':>8s} {'of lim':>6s}"
     )
     for family, n, size in SPEED_CASES:
+        if where.get("cases") and f"{family}-{n}" not in where["cases"]:
+            continue
         size *= scale
         source = source_model(family)
         models = {"source": source, **{f: converted(source, f, n) for f in FRACTIONS}}
@@ -251,6 +258,8 @@ def main() -> None:
     parser.add_argument("--device", default="cpu", help="cpu or cuda (speed and memory; client runs on the CPU)")
     parser.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32")
     parser.add_argument("--batch-scale", type=int, default=1, help="multiply every batch size by this")
+    parser.add_argument("--compile", action="store_true", help="torch.compile every model (speed and memory)")
+    parser.add_argument("--cases", default="", help="speed cases to run, e.g. bert-128,modernbert-512 (all)")
     add_save_option(parser)
     args = parser.parse_args()
     record = start_record("bench_runtime", args.save)
@@ -259,7 +268,8 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     clock = time.perf_counter if args.clock == "wall" else time.thread_time
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {args.clock} clock", flush=True)
-    where = {"device": args.device, "dtype": args.dtype, "batch_scale": args.batch_scale}
+    where = {"device": args.device, "dtype": args.dtype, "batch_scale": args.batch_scale, "compile": args.compile}
+    where["cases"] = [case for case in args.cases.split(",") if case]
     if args.device != "cpu" and "client" in args.sections:
         parser.error("--sections client runs on the CPU: pass --sections speed memory with --device")
     sections = {

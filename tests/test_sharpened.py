@@ -189,7 +189,9 @@ def test_skipping_the_fitted_layers_scores_what_the_whole_model_scores(tiny, mod
 
         monkeypatch.setattr(sharpness, "_objective", objective)
         monkeypatch.setattr(sharpness, "_returned_by", returned_by)
-        fitted = sharpen(model, tok, SENTENCES, average, some, grid=(0.5, 2.0, 4.0), batch_size=2, progress=False)
+        fitted = sharpen(
+            model, tok, SENTENCES, average, some, grid=(0.5, 2.0, 4.0), search="grid", batch_size=2, progress=False
+        )
         return fitted, scores
 
     real_returned_by = sharpness._returned_by
@@ -231,3 +233,61 @@ def test_trained_kinds_are_stored_as_the_dense_matrices_they_were_fitted_as(tiny
         assert config.papa_compact_band is None and config.papa_compact_rank is None, kind
     asked = papa_surgery.convert(model, raised, "first-to-last", 1.0, tokenizer=tok, storage="compact")
     assert asked.config.papa_compact_band == 16
+
+
+@pytest.mark.parametrize("model_type", ["bert", "modernbert"])
+def test_walking_out_from_1_finds_what_trying_every_exponent_finds_in_fewer_trials(tiny, model_type):
+    """The default search walks the grid out from 1 while the score improves: where each layer's scores have one
+    minimum along the grid, the exponents, the constants and every score it took are those of trying them all."""
+    model, tok = tiny.model(model_type), tiny.tokenizer(model_type)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", CoverageWarning)
+        average = calibrate(model, tok, _texts()[0], max_length=L, progress=False)
+        heads = [[layer, h] for layer in range(average.num_layers) for h in range(average.num_heads)]
+        fits = {
+            search: sharpen(
+                model,
+                tok,
+                _texts()[0],
+                average,
+                heads,
+                grid=(0.5, 0.75, 0.9, 1.1, 1.2, 1.5, 2, 3),
+                search=search,
+                batch_size=2,
+                progress=False,
+            ).metadata["sharpened"]
+            for search in ("grid", "walk")
+        }
+    grid, walk = fits["grid"], fits["walk"]
+    for scores in grid["trials"].values():  # one minimum along the grid in each layer (else the test is moot)
+        values = [scores[str(p)] for p in grid["grid"]]
+        low = values.index(min(values))
+        assert values[: low + 1] == sorted(values[: low + 1], reverse=True) and values[low:] == sorted(values[low:])
+    assert walk["search"] == "walk" and walk["exponents"] == grid["exponents"]
+    assert walk["exponents"] != dict.fromkeys(walk["exponents"], 1.0), grid["trials"]  # the walk went somewhere
+    for layer, scores in walk["trials"].items():
+        assert all(abs(score - grid["trials"][layer][p]) <= 1e-6 * abs(score) for p, score in scores.items())
+    assert sum(map(len, walk["trials"].values())) < sum(map(len, grid["trials"].values()))
+    assert walk["loss_sharpened"] == pytest.approx(grid["loss_sharpened"], rel=1e-6)
+
+
+def test_the_walk_stops_at_the_first_minimum_from_1_and_breaks_ties_toward_1():
+    """What the walk is: from 1 up while a step scores lower, down only if no step up did; ties go to the exponent
+    nearer 1. With two minima along the grid it keeps the one nearer 1 (trying every exponent finds the lower)."""
+    from papa_surgery.healing.sharpness import _search
+
+    grid = (0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 4.0)
+    two_minima = {0.5: 0.1, 0.75: 0.6, 1.0: 0.5, 1.5: 0.4, 2.0: 0.45, 3.0: 0.2, 4.0: 0.3}
+    for walk, best, tried in ((True, 1.5, {1.0, 1.5, 2.0}), (False, 0.5, set(grid))):
+        scores = {}
+        assert _search(grid, two_minima.get, scores, walk=walk) == best and set(scores) == tried
+    scores = {}
+    downhill = {0.5: 0.3, 0.75: 0.2, 1.0: 0.5, 1.5: 0.6, 2.0: 0.1, 3.0: 0.0, 4.0: 0.0}
+    assert _search(grid, downhill.get, scores, walk=True) == 0.75 and set(scores) == {0.5, 0.75, 1.0, 1.5}
+    flat = dict.fromkeys(grid, 0.5)
+    assert _search(grid, flat.get, {}, walk=True) == 1.0 and _search(grid, flat.get, {}, walk=False) == 1.0
+
+
+def test_an_unknown_search_is_refused_by_name(tiny, average):
+    with pytest.raises(ValueError, match=r"search: must be one of walk, grid, got 'best'"):
+        sharpen(tiny.model("bert"), tiny.tokenizer("bert"), _texts()[0], average, HEADS, search="best")
