@@ -17,8 +17,12 @@ measured on text of other sources, against the source model:
 
 Made models are saved under ``--work`` and reused by a rerun (delete the folder to remake them).
 
+``--start sharpened`` heals from the sharpened constants (``papa_surgery.sharpen``, fitted to each fraction's heads)
+instead of the average, with a sharpened row in place of the distilled one.
+
 Run: python benchmarks/bench_heal.py [--data ../shared/data] [--steps N] [--fractions 0.5,1] [--modes lora,full]
-     [--probe-train 4000] [--probe-fractions 1] [--pool 1000] [--work bench-heal-work] [--threads N] [--json F]
+     [--start average|sharpened] [--probe-train 4000] [--probe-fractions 1] [--pool 1000] [--work bench-heal-work]
+     [--threads N] [--json F]
 """
 
 from __future__ import annotations
@@ -79,6 +83,7 @@ def main() -> None:
     from papa_surgery.healing.distillation import distill
     from papa_surgery.healing.run import heal_model
     from papa_surgery.healing.sentence import sentence_pipeline
+    from papa_surgery.healing.sharpness import sharpen
     from papa_surgery.models.loading import load_source
     from papa_surgery.options import DistillOptions, HealOptions
     from papa_surgery.ranking.methods import label_free_ranking
@@ -95,6 +100,10 @@ def main() -> None:
     parser.add_argument("--max-length", type=int, default=128)
     parser.add_argument("--limit", type=int, default=None, help="at most this many SST-2 dev and MRPC examples (smoke)")
     parser.add_argument("--work", default="bench-heal-work")
+    parser.add_argument(
+        "--start", choices=["average", "sharpened"], default="average",
+        help="the constants healing starts from (sharpened: fitted to the heads of each fraction; no distilled row)",
+    )  # fmt: skip
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--json", default=None, help="also write the rows here")
     add_save_option(parser)
@@ -186,17 +195,27 @@ def main() -> None:
             options = DistillOptions().kwargs()
             return converted(distill(model, tok, corpus, average, heads, progress=False, **options), "distilled")
 
+        def sharpened():
+            return converted(sharpen(model, tok, corpus, average, heads, progress=False), "sharpened")
+
         papa, seconds = made(f"average-{fraction:g}", lambda: converted(average, "average"))
         out = [measure("average", fraction, papa, calibration + seconds)]
-        trained, seconds = made(f"distilled-{fraction:g}", distilled)
-        out.append(measure("distilled", fraction, trained, calibration + seconds))
+        if args.start == "average":
+            trained, seconds = made(f"distilled-{fraction:g}", distilled)
+            out.append(measure("distilled", fraction, trained, calibration + seconds))
+        else:
+            papa, seconds = made(f"sharpened-{fraction:g}", sharpened)
+            out.append(measure("sharpened", fraction, papa, calibration + seconds))
+        start_seconds = seconds  # what making the starting model took
         for mode in args.modes.split(","):
             heal = HealOptions(steps=args.steps, train=mode)
             healed, seconds = made(
-                f"healed-{mode}-{fraction:g}-{args.steps}",
-                lambda heal=heal: heal_model(papa, model, tok, corpus, heal, batch_size=args.batch_size),
+                f"healed-{mode}-{fraction:g}-{args.steps}" + ("" if args.start == "average" else f"-{args.start}"),
+                lambda heal=heal, papa=papa: heal_model(papa, model, tok, corpus, heal, batch_size=args.batch_size),
             )
-            out.append(measure(f"healed-{mode}", fraction, healed, calibration + seconds))
+            extra = start_seconds if args.start != "average" else 0.0
+            name = f"healed-{mode}" + ("" if args.start == "average" else f" from {args.start}")
+            out.append(measure(name, fraction, healed, calibration + extra + seconds))
         return out
 
     for fraction in (float(f) for f in args.fractions.split(",")):
