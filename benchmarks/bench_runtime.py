@@ -87,6 +87,11 @@ def batch(config, n: int, size: int, padded: bool) -> dict:
     return {"input_ids": ids, "attention_mask": mask}
 
 
+def batch_on(config, n: int, size: int, device: str) -> dict:
+    """A full batch (every example n tokens) on ``device``."""
+    return {k: v.to(device) for k, v in batch(config, n, size, padded=False).items()}
+
+
 def layer_flops(config, n: int, constant: int) -> float:
     """Multiply-adds x 2 per token of one layer with ``constant`` of its heads constant, n keys per query."""
     width, heads = config.hidden_size, config.num_attention_heads
@@ -126,7 +131,7 @@ def timed(model, inputs: dict, device: str):
     def call():
         model(**inputs)
         if device.startswith("cuda"):
-            torch.cuda.synchronize()
+            torch.cuda.synchronize(device)
 
     return call
 
@@ -183,13 +188,14 @@ def peak_activation_bytes(model, inputs: dict) -> int:
 
 def peak_cuda_bytes(model, inputs: dict) -> int:
     """Peak bytes the CUDA allocator holds during one forward above what it held before it."""
-    torch.cuda.synchronize()
-    before = torch.cuda.memory_allocated()
-    torch.cuda.reset_peak_memory_stats()
+    device = next(iter(inputs.values())).device
+    torch.cuda.synchronize(device)
+    before = torch.cuda.memory_allocated(device)
+    torch.cuda.reset_peak_memory_stats(device)
     with torch.inference_mode():
         model(**inputs)
-    torch.cuda.synchronize()
-    return torch.cuda.max_memory_allocated() - before
+    torch.cuda.synchronize(device)
+    return torch.cuda.max_memory_allocated(device) - before
 
 
 def memory(where: dict) -> None:
@@ -202,8 +208,8 @@ def memory(where: dict) -> None:
     models = {name: placed(m, where) for name, m in models.items()}
     base = None
     for name, model in models.items():
-        with torch.inference_mode():  # warm-up: prepared constants are built once
-            model(**{k: v.to(device) for k, v in batch(source.config, 16, 1, padded=False).items()})
+        with torch.inference_mode():  # warm-up: prepared constants are built once (a compiled model: at this shape)
+            model(**(inputs if where.get("compile") else batch_on(source.config, 16, 1, device)))
         peak = peak_cuda_bytes(model, inputs) if device.startswith("cuda") else peak_activation_bytes(model, inputs)
         base = base or peak
         print(f"  {name:13s} {peak / 2**20:8.1f} MiB   {peak / base:5.2f} of the source's", flush=True)
@@ -270,6 +276,9 @@ def main() -> None:
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {args.clock} clock", flush=True)
     where = {"device": args.device, "dtype": args.dtype, "batch_scale": args.batch_scale, "compile": args.compile}
     where["cases"] = [case for case in args.cases.split(",") if case]
+    known = {f"{family}-{n}" for family, n, _ in SPEED_CASES}
+    if set(where["cases"]) - known:
+        parser.error(f"--cases: unknown {sorted(set(where['cases']) - known)}; the cases are {sorted(known)}")
     if args.device != "cpu" and "client" in args.sections:
         parser.error("--sections client runs on the CPU: pass --sections speed memory with --device")
     sections = {

@@ -13,7 +13,7 @@ the average), and the one whose hidden states from that layer to the last are cl
 squared error over real tokens relative to the source's variance, per layer, averaged: healing's ``layers``
 objective over the layers the choice reaches) is kept for every constant head of that layer. ``search="walk"`` (the
 default) tries 1, then walks the grid upward while each step scores better, and downward only if the first step up
-did not: the grid's best wherever the score has one minimum along the grid (measured on all-MiniLM-L6-v2 and
+did not: the grid's best wherever the score has one strict minimum along the grid (measured on all-MiniLM-L6-v2 and
 all-mpnet-base-v2: the same exponents as trying every one, ``benchmarks/results/bench_sharpen_search.txt``), in
 about half the trials. ``search="grid"`` tries every exponent. The scores of the trials made are kept in the
 metadata. Scoring only the
@@ -122,19 +122,19 @@ def sharpen(
             known = None  # (k, what block k returns on each batch with the exponents fitted so far)
             for layer in tqdm(sorted(starts), desc="sharpness", unit="layer", disable=not progress):
                 below = _returned_by(papa, blocks, batches, layer - 1, known)
-                kept = []  # [(rank, exponent, what block `layer` returned on each batch)]: the best trial so far
+                kept = []  # [(rank, what block `layer` returned on each batch)]: the best trial so far
 
                 def score(p: float, layer=layer, below=below, kept=kept) -> float:
                     _set(modules[layer], starts[layer], p)
                     with _recording(blocks[layer]) as returned:
                         value = _objective(papa, batches, first=layer + 1, skip=(blocks[:layer], below))
                     if not kept or _ranked(value, p) < kept[0][0]:
-                        kept[:] = [(_ranked(value, p), p, returned)]
+                        kept[:] = [(_ranked(value, p), returned)]
                     return value
 
                 trials[layer] = {}
                 exponents[layer] = _search(grid, score, trials[layer], walk=search == "walk")
-                known = (layer, kept[0][2])  # the chosen trial's: both rank by _ranked
+                known = (layer, kept[0][1])  # the chosen trial's: both rank trials by _ranked
                 _set(modules[layer], starts[layer], exponents[layer])
             after = _objective(papa, batches)
         finally:
@@ -168,9 +168,10 @@ def _ranked(score: float, p: float) -> tuple[float, float]:
 
 
 def _search(grid: tuple[float, ...], score, scores: dict[float, float], walk: bool) -> float:
-    """The exponent of ``grid`` (sorted, holding 1) with the lowest ``score(p)``; ties go to the one nearest 1.
-    Every score taken is put in ``scores``. ``walk``: from 1 up while each step scores lower, then (only if no step
-    up did) down likewise; else every exponent."""
+    """An exponent of ``grid`` (sorted, holding 1) of low ``score(p)``, ties going to the one nearer 1; every score
+    taken is put in ``scores``. ``walk``: from 1 up while each step scores strictly lower, then (only if no step up
+    did) down likewise: the first minimum from 1, the grid's lowest where the scores have one strict minimum along
+    it. Else every exponent is scored and the lowest kept."""
 
     def better(p: float, q: float) -> bool:
         return _ranked(scores[p], p) < _ranked(scores[q], q)

@@ -113,13 +113,15 @@ def apply_papa(model: nn.Module) -> None:
 
 def _rebuilt(cls: type, old: nn.Module, config) -> nn.Module:
     """A fresh ``cls(config)`` on ``old``'s device, each parameter in the dtype ``old``'s of that name has, the new
-    ones in ``old``'s most common dtype (construction only: weights are loaded later)."""
+    ones in the dtype most of ``old``'s values have (construction only: weights are loaded later)."""
     # not the first parameter's dtype for all: transformers' DeBERTa v1 makes q_bias/v_bias float32 in a bf16 model,
     # and casting the whole rebuilt layer to it left the checkpoint's layers float32 under dtype=torch.bfloat16
     params = dict(old.named_parameters())
-    dtypes = [p.dtype for p in params.values()]
+    sizes: dict[torch.dtype, int] = {}
+    for p in params.values():
+        sizes[p.dtype] = sizes.get(p.dtype, 0) + p.numel()
     with torch.device(next(iter(params.values())).device):
-        new = cls(config).to(dtype=max(set(dtypes), key=dtypes.count))
+        new = cls(config).to(dtype=max(sizes, key=sizes.get))
     for name, param in new.named_parameters():
         if name in params and param.dtype != params[name].dtype:
             param.data = param.data.to(params[name].dtype)
