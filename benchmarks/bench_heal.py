@@ -206,16 +206,15 @@ def main() -> None:
         else:
             papa, seconds = made(f"sharpened-{fraction:g}", sharpened)
             out.append(measure("sharpened", fraction, papa, calibration + seconds))
-        start_seconds = seconds  # what making the starting model took
+        start_seconds = 0.0 if args.start == "average" else seconds  # the fit, counted in the healed rows' seconds
+        suffix = "" if args.start == "average" else f" from {args.start}"
         for mode in args.modes.split(","):
             heal = HealOptions(steps=args.steps, train=mode)
             healed, seconds = made(
-                f"healed-{mode}-{fraction:g}-{args.steps}" + ("" if args.start == "average" else f"-{args.start}"),
+                f"healed-{mode}-{fraction:g}-{args.steps}" + suffix.replace(" from ", "-"),
                 lambda heal=heal, papa=papa: heal_model(papa, model, tok, corpus, heal, batch_size=args.batch_size),
             )
-            extra = start_seconds if args.start != "average" else 0.0
-            name = f"healed-{mode}" + ("" if args.start == "average" else f" from {args.start}")
-            out.append(measure(name, fraction, healed, calibration + extra + seconds))
+            out.append(measure(f"healed-{mode}{suffix}", fraction, healed, calibration + start_seconds + seconds))
         return out
 
     for fraction in (float(f) for f in args.fractions.split(",")):

@@ -73,8 +73,8 @@ def converted(source, fraction: float, length: int, seed: int = 0):
     return papa_surgery.convert(source, constants, ranking, fraction)
 
 
-def batch(config, n: int, size: int, padded: bool) -> dict:
-    """Random ids with [CLS] ... [SEP]; padded: lengths spread evenly from n/3 to n (right padding)."""
+def batch(config, n: int, size: int, padded: bool, device: str = "cpu") -> dict:
+    """Random ids with [CLS] ... [SEP] on ``device``; padded: lengths spread evenly from n/3 to n (right padding)."""
     g = torch.Generator().manual_seed(n * 1000 + size)
     lengths = [round(n / 3 + (n - n / 3) * i / max(size - 1, 1)) for i in range(size)] if padded else [n] * size
     ids = torch.randint(1000, config.vocab_size - 1000, (size, n), generator=g)
@@ -84,12 +84,7 @@ def batch(config, n: int, size: int, padded: bool) -> dict:
     for i, length in enumerate(lengths):
         ids[i, 0], ids[i, length - 1], mask[i, :length] = cls, sep, 1
         ids[i, length:] = config.pad_token_id
-    return {"input_ids": ids, "attention_mask": mask}
-
-
-def batch_on(config, n: int, size: int, device: str) -> dict:
-    """A full batch (every example n tokens) on ``device``."""
-    return {k: v.to(device) for k, v in batch(config, n, size, padded=False).items()}
+    return {"input_ids": ids.to(device), "attention_mask": mask.to(device)}
 
 
 def layer_flops(config, n: int, constant: int) -> float:
@@ -154,7 +149,7 @@ def speed(repeats: int, clock, where: dict) -> None:
         models = {"source": source, **{f: converted(source, f, n) for f in FRACTIONS}}
         models = {name: placed(m, where) for name, m in models.items()}
         for padded in (False, True):
-            inputs = {k: v.to(device) for k, v in batch(source.config, n, size, padded).items()}
+            inputs = batch(source.config, n, size, padded, device)
             with torch.inference_mode():
                 calls = {name: timed(m, inputs, device) for name, m in models.items()}
                 medians = interleaved_medians(calls, repeats, clock)
@@ -202,14 +197,14 @@ def memory(where: dict) -> None:
     device = where["device"]
     n, size = 512, 8 * where["batch_scale"]
     source = source_model("bert")
-    inputs = {k: v.to(device) for k, v in batch(source.config, n, size, padded=True).items()}
+    inputs = batch(source.config, n, size, True, device)
     print(f"memory: peak activation of one forward, BERT-base n={n} batch {size} padded; {device}, {where['dtype']}")
     models = {"source": source, **{f"fraction {f}": converted(source, f, n) for f in FRACTIONS}}
     models = {name: placed(m, where) for name, m in models.items()}
     base = None
     for name, model in models.items():
         with torch.inference_mode():  # warm-up: prepared constants are built once (a compiled model: at this shape)
-            model(**(inputs if where.get("compile") else batch_on(source.config, 16, 1, device)))
+            model(**(inputs if where.get("compile") else batch(source.config, 16, 1, False, device)))
         peak = peak_cuda_bytes(model, inputs) if device.startswith("cuda") else peak_activation_bytes(model, inputs)
         base = base or peak
         print(f"  {name:13s} {peak / 2**20:8.1f} MiB   {peak / base:5.2f} of the source's", flush=True)

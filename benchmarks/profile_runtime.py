@@ -22,7 +22,7 @@ def main() -> None:
     source = source_model("bert")
     models = {"source": source, 1.0: converted(source, 1.0, 128), 0.5: converted(source, 0.5, 128)}
     models = {name: placed(m, where) for name, m in models.items()}
-    inputs = {k: v.cuda() for k, v in batch(source.config, 128, 128, True).items()}
+    inputs = batch(source.config, 128, 128, True, "cuda")
     for name, model in models.items():
         with torch.inference_mode():
             for _ in range(3):
