@@ -14,7 +14,8 @@ healing. Each kind at each fraction is measured against the source:
 
 Run: python benchmarks/bench_kinds.py [--model PATH] [--kinds average,sharpened] [--fractions 0.5,1 ('' with
      --documents: the documents only)]
-     [--sentences 872] [--pool 1000] [--mrpc-train N] [--documents] [--data ../shared/data] [--threads 2]
+     [--sentences 872] [--pool 1000] [--mrpc-train N] [--documents] [--search walk|grid|per-head]
+     [--data ../shared/data] [--threads 2]
      [--save [TAG]]
 """
 
@@ -66,6 +67,13 @@ def measure(model, source, tok, texts, length: int, pipeline, batch: int = 32) -
     }
 
 
+def _exponents(constants) -> str:
+    """The fitted exponents: a layer's, or the range of its heads' (per-head)."""
+    from papa_surgery.conversion.description import sharpness_text
+
+    return sharpness_text(constants.metadata["sharpened"])
+
+
 def _within(h: torch.Tensor) -> float:
     """Mean pairwise cosine of one example's (n, D) token states (the diagonal left out)."""
     x = torch.nn.functional.normalize(h.float(), dim=-1)
@@ -82,6 +90,7 @@ def main() -> None:
     parser.add_argument("--pool", type=int, default=1000)
     parser.add_argument("--mrpc-train", type=int, default=None, help="MRPC training pairs for the threshold (all)")
     parser.add_argument("--documents", action="store_true", help="also long documents at L=512, fraction 1")
+    parser.add_argument("--search", default="walk", help="how sharpened fits: walk, grid or per-head")
     beside = Path(__file__).resolve().parents[2] / "shared" / "data"  # ../shared/data beside the clone
     parser.add_argument("--data", default=os.environ.get("PAPA_SHARED_DATA", str(beside)))
     parser.add_argument("--threads", type=int, default=2)
@@ -147,8 +156,10 @@ def main() -> None:
                 start = time.perf_counter()
                 constants = average
                 if kind == "sharpened":
-                    constants = papa_surgery.sharpen(source, tok, corpus, average, heads, progress=False)
-                    print("  exponents:", constants.metadata["sharpened"]["exponents"])
+                    constants = papa_surgery.sharpen(
+                        source, tok, corpus, average, heads, search=args.search, progress=False
+                    )
+                    print("  exponents:", _exponents(constants))
                 elif kind != "average":
                     constants = papa_surgery.calibrate(source, tok, corpus, kind=kind, progress=False)
                 model = papa_surgery.convert(source, constants, ranking, fraction, tokenizer=tok)
@@ -166,8 +177,12 @@ def main() -> None:
             start = time.perf_counter()
             constants = average
             if kind == "sharpened":
-                constants = papa_surgery.sharpen(source, tok, fit, average, heads, max_examples=32, progress=False)
-                print("  exponents:", constants.metadata["sharpened"]["exponents"])
+                # per-head takes a step per batch: batches of 4 documents (the walk batches 16 for throughput)
+                size = {"batch_size": 4} if args.search == "per-head" else {}
+                constants = papa_surgery.sharpen(
+                    source, tok, fit, average, heads, max_examples=32, search=args.search, progress=False, **size
+                )
+                print("  exponents:", _exponents(constants))
             model = papa_surgery.convert(source, constants, "first-to-last", 1.0, tokenizer=tok)
             took = time.perf_counter() - start + (seconds if kind == "average" else 0.0)
             report("documents", kind, 1.0, model, held, 512, took, extra=False)

@@ -289,5 +289,5 @@ def test_the_walk_stops_at_the_first_minimum_from_1_and_breaks_ties_toward_1():
 
 
 def test_an_unknown_search_is_refused_by_name(tiny, average):
-    with pytest.raises(ValueError, match=r"search: must be one of walk, grid, got 'best'"):
+    with pytest.raises(ValueError, match=r"search: must be one of walk, grid, per-head, got .best."):
         sharpen(tiny.model("bert"), tiny.tokenizer("bert"), _texts()[0], average, HEADS, search="best")

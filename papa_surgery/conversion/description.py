@@ -35,11 +35,18 @@ def ranking_text(d: dict) -> str:
 
 
 def sharpness_text(fit: dict) -> str:
-    """Each layer's fitted exponent, in words: ``exponent per layer 0: 1.5, 1: 2 (layers objective 0.41 -> 0.33)``."""
-    exponents = ", ".join(f"{layer}: {p:g}" for layer, p in fit.get("exponents", {}).items()) or "none"
+    """The fitted exponents, in words: ``exponent per layer 0: 1.5, 1: 2; fitting objective 0.41 -> 0.33``, or
+    with ``per-head``, ``exponent per head, layer 0: 0.52 to 2.1, ...`` (each layer's range)."""
+    fitted = fit.get("exponents", {})
+    per_head = fit.get("search") == "per-head"
+    if per_head:
+        ranges = {layer: (min(ps.values()), max(ps.values())) for layer, ps in fitted.items() if ps}
+        exponents = ", ".join(f"{layer}: {lo:.2g} to {hi:.2g}" for layer, (lo, hi) in ranges.items())
+    else:
+        exponents = ", ".join(f"{layer}: {p:g}" for layer, p in fitted.items())
     before, after = fit.get("loss_average"), fit.get("loss_sharpened")
     change = f"; fitting objective {before:.3g} -> {after:.3g}" if before is not None and after is not None else ""
-    return f"exponent per layer {exponents}{change}"
+    return f"exponent per {'head, layer' if per_head else 'layer'} {exponents or 'none'}{change}"
 
 
 def format_description(d: dict) -> str:

@@ -16,7 +16,8 @@ default) tries 1, then walks the grid upward while each step scores better, and 
 did not: the grid's best wherever the score has one strict minimum along the grid (measured on all-MiniLM-L6-v2 and
 all-mpnet-base-v2: the same exponents as trying every one, ``benchmarks/results/bench_sharpen_search.txt``), in
 about half the trials. ``search="grid"`` tries every exponent. The scores of the trials made are kept in the
-metadata. Scoring only the
+metadata. ``search="per-head"`` fits one exponent per constant head instead, by gradient descent on the same
+objective over every layer at once (:mod:`.head_sharpness`). Scoring only the
 layer's own output missed what sharpening is for, the compounding: on all-MiniLM-L6-v2 it chose the average
 everywhere. ``p = 1`` (the average itself) is always a candidate, so on the fitting text no choice leaves the model
 farther from the source than the average did, given the layers below.
@@ -39,22 +40,27 @@ from ..calibration.encoding import encode, model_inputs
 from ..calibration.passes import borrow
 from ..conversion.surgery import convert, normalize_heads
 from ..hub_code.modeling_papa import attention_modules, heads_by_layer
+from .head_sharpness import fit_head_exponents
 from .objective import hidden_error
 from .trainable import layer_modules
 
 GRID = (0.75, 1.0, 1.25, 1.5, 2.0, 2.5, 3.0)
-SEARCHES = ("walk", "grid")
+SEARCHES = ("walk", "grid", "per-head")
+PER_HEAD = "per-head"
 __all__ = ["GRID", "SEARCHES", "sharpen", "sharpened_values"]
 
 
-def sharpened_values(constants: Constants, exponents: dict[int, float], heads) -> torch.Tensor:
-    """The (layers, heads, L, L) values of ``constants`` with the rows of ``heads`` raised to their layer's exponent."""
+def sharpened_values(constants: Constants, exponents: dict, heads) -> torch.Tensor:
+    """The (layers, heads, L, L) values of ``constants`` with the rows of ``heads`` raised to their exponent:
+    ``exponents[layer]`` is the layer's (a number) or each of its heads' (``{head: p}``); missing ones are 1."""
     values = constants.values.clone()
     for layer, hs in heads_by_layer(heads).items():
+        chosen = sorted(hs)
         p = exponents.get(layer, 1.0)
-        if p != 1.0:
-            chosen = sorted(hs)
-            values[layer, chosen] = values[layer, chosen].double().clamp_min(0).pow(p).to(values.dtype)
+        p = torch.tensor([p.get(h, 1.0) for h in chosen] if isinstance(p, dict) else [p] * len(chosen)).double()
+        raised = values[layer, chosen].double().clamp_min(0).pow(p[:, None, None])  # (heads, L, L)
+        keep = p == 1.0  # an exponent of 1 leaves the values bit-identical
+        values[layer, chosen] = torch.where(keep[:, None, None], values[layer, chosen], raised.to(values.dtype))
     return values
 
 
@@ -67,12 +73,15 @@ def sharpen(
     *,
     grid: tuple[float, ...] = GRID,
     search: str = "walk",
+    steps: int = 64,
+    lr: float = 0.05,
     max_examples: int = 128,
     batch_size: int = 16,
     device=None,
     progress: bool = True,
 ) -> Constants:
-    """Constants whose ``heads`` are sharpened by an exponent per layer, fitted to the source (module docstring).
+    """Constants whose ``heads`` are sharpened by an exponent per layer (or per head), fitted to the source (module
+    docstring).
 
     Args:
         model: the source model (never changed).
@@ -82,8 +91,11 @@ def sharpen(
         constants: the starting matrices (the ``average`` from :func:`papa_surgery.calibrate`).
         heads: ``[[layer, head], ...]`` that will be constant (e.g. ``ranking.select(fraction)``); the other heads
             keep their attention while fitting and their matrices are returned unchanged.
-        grid: the exponents a layer can take (1, the average, is always added).
-        search: ``"walk"`` (out from 1 while the score improves) or ``"grid"`` (every exponent); module docstring.
+        grid: the exponents a layer can take (1, the average, is always added); ``walk`` and ``grid`` only.
+        search: ``"walk"`` (out from 1 while the score improves), ``"grid"`` (every exponent), or ``"per-head"``
+            (an exponent per head, by gradient: :mod:`.head_sharpness`); module docstring.
+        steps: Adam steps of ``per-head`` (one batch of ``batch_size`` examples each).
+        lr: Adam's learning rate (on log p) of ``per-head``.
         max_examples: how many corpus examples to fit on.
         batch_size: examples per forward pass.
         device: where to run (default: the model's device).
@@ -91,24 +103,28 @@ def sharpen(
 
     Returns:
         ``Constants`` of kind ``sharpened``, with the counts and variance of ``constants`` and, in
-        ``metadata["sharpened"]``, the exponent per layer, each layer's trials (exponent: score) and the ``layers``
-        objective on the fitting text before (the average) and after.
+        ``metadata["sharpened"]``, the exponent per layer (``per-head``: ``{layer: {head: p}}``), each layer's
+        trials (exponent: score; ``per-head``: each step's loss) and the ``layers`` objective on the fitting text
+        before (the average) and after.
     """
-    from tqdm.auto import tqdm
-
     grid = tuple(sorted({float(p) for p in grid} | {1.0}))
     if any(p <= 0 for p in grid):
         raise ValueError(f"grid: exponents must be positive, got {grid}")
     if search not in SEARCHES:
         raise ValueError(f"search: must be one of {', '.join(SEARCHES)}, got {search!r}")
+    if search == PER_HEAD and (isinstance(steps, bool) or not isinstance(steps, int) or steps < 1):
+        raise ValueError(f"steps: must be a positive integer, got {steps!r}")
+    if search == PER_HEAD and not lr > 0:
+        raise ValueError(f"lr: must be positive, got {lr!r}")
     constants = constants.to_dense()
     heads = normalize_heads(heads, constants.num_layers, constants.num_heads)
     corpus = load_corpus(corpus, pairs=constants.pairs, max_examples=max_examples)
     examples = list(corpus)
     if heads and not examples:
         raise ValueError(f"the corpus {corpus.description} gave no examples to fit the sharpness on")
-    exponents: dict[int, float] = {}
+    exponents: dict = {}
     trials: dict[int, dict[float, float]] = {}
+    losses: list[float] = []
     before = after = None
     if heads:
         device, restore = borrow(model, device)
@@ -116,27 +132,16 @@ def sharpen(
             papa = convert(model, constants, heads, tokenizer=tokenizer, storage="dense").to(device).eval()
             batches = _batches(model, tokenizer, examples, constants, batch_size, device)
             modules = dict(enumerate(attention_modules(papa)))
-            blocks = layer_modules(papa)
             starts = {layer: modules[layer].papa_constants.detach().clone() for layer in heads_by_layer(heads)}
             before = _objective(papa, batches)
-            known = None  # (k, what block k returns on each batch with the exponents fitted so far)
-            for layer in tqdm(sorted(starts), desc="sharpness", unit="layer", disable=not progress):
-                below = _returned_by(papa, blocks, batches, layer - 1, known)
-                kept = []  # [(rank, what block `layer` returned on each batch)]: the best trial so far
-
-                def score(p: float, layer=layer, below=below, kept=kept) -> float:
-                    _set(modules[layer], starts[layer], p)
-                    with _recording(blocks[layer]) as returned:
-                        value = _objective(papa, batches, first=layer + 1, skip=(blocks[:layer], below))
-                    if not kept or _ranked(value, p) < kept[0][0]:
-                        kept[:] = [(_ranked(value, p), returned)]
-                    return value
-
-                trials[layer] = {}
-                exponents[layer] = _search(grid, score, trials[layer], walk=search == "walk")
-                known = (layer, kept[0][1])  # the chosen trial's: both rank trials by _ranked
-                _set(modules[layer], starts[layer], exponents[layer])
+            if search == PER_HEAD:
+                losses = _fit_heads(papa, modules, starts, heads, batches, exponents, steps, lr, progress)
+            else:
+                _fit_layers(papa, modules, starts, batches, grid, search, exponents, trials, progress)
             after = _objective(papa, batches)
+            if search == PER_HEAD and after > before:  # steps on single batches can end worse on the whole text
+                exponents.clear()  # the average, as the walk's p = 1 would have kept
+                after = before
         finally:
             restore()
     metadata = {
@@ -144,10 +149,16 @@ def sharpen(
         "sharpened": {
             "from_kind": constants.kind,
             "heads": heads,
-            "exponents": {str(layer): p for layer, p in sorted(exponents.items())},
-            "grid": list(grid),
+            "exponents": {str(layer): _keyed(p) for layer, p in sorted(exponents.items())},
             "search": search,
-            "trials": {str(layer): {str(p): v for p, v in sorted(t.items())} for layer, t in sorted(trials.items())},
+            **(
+                {"steps": steps, "lr": lr, "losses": losses}
+                if search == PER_HEAD
+                else {
+                    "grid": list(grid),
+                    "trials": {str(la): {str(p): v for p, v in sorted(t.items())} for la, t in sorted(trials.items())},
+                }
+            ),
             "examples": len(examples),
             "corpus": corpus.description,
             "objective": "layers",
@@ -160,6 +171,49 @@ def sharpen(
     out = Constants(values, "sharpened", c.max_length, c.pairs, c.counts, c.variance, metadata)
     out._coverage_warned = getattr(c, "_coverage_warned", False)  # the same corpus: warn once
     return out
+
+
+def _fit_heads(papa, modules, starts, heads, batches, exponents, steps, lr, progress) -> list[float]:
+    """``per-head``: each constant head's exponent into ``exponents`` (``{layer: {head: p}}``) and ``papa``; the
+    loss of each step."""
+    fitted, losses = fit_head_exponents(
+        papa, {layer: modules[layer] for layer in starts}, starts, batches, steps=steps, lr=lr, progress=progress
+    )
+    by_layer = heads_by_layer(heads)
+    for layer, ps in fitted.items():
+        exponents[layer] = dict(zip(sorted(by_layer[layer]), ps, strict=True))
+        _set(modules[layer], starts[layer], ps)
+    return losses
+
+
+def _fit_layers(papa, modules, starts, batches, grid, search, exponents, trials, progress) -> None:
+    """``walk`` / ``grid``: each layer's exponent into ``exponents`` and ``papa``, greedily from the first layer up
+    (module docstring); the scores of the trials into ``trials``."""
+    from tqdm.auto import tqdm
+
+    blocks = layer_modules(papa)
+    known = None  # (k, what block k returns on each batch with the exponents fitted so far)
+    for layer in tqdm(sorted(starts), desc="sharpness", unit="layer", disable=not progress):
+        below = _returned_by(papa, blocks, batches, layer - 1, known)
+        kept = []  # [(rank, what block `layer` returned on each batch)]: the best trial so far
+
+        def score(p: float, layer=layer, below=below, kept=kept) -> float:
+            _set(modules[layer], starts[layer], p)
+            with _recording(blocks[layer]) as returned:
+                value = _objective(papa, batches, first=layer + 1, skip=(blocks[:layer], below))
+            if not kept or _ranked(value, p) < kept[0][0]:
+                kept[:] = [(_ranked(value, p), returned)]
+            return value
+
+        trials[layer] = {}
+        exponents[layer] = _search(grid, score, trials[layer], walk=search == "walk")
+        known = (layer, kept[0][1])  # the chosen trial's: both rank trials by _ranked
+        _set(modules[layer], starts[layer], exponents[layer])
+
+
+def _keyed(p):
+    """A layer's exponent for JSON: the number, or ``{"head": p}``."""
+    return {str(h): v for h, v in sorted(p.items())} if isinstance(p, dict) else p
 
 
 def _ranked(score: float, p: float) -> tuple[float, float]:
@@ -196,10 +250,11 @@ def _search(grid: tuple[float, ...], score, scores: dict[float, float], walk: bo
 
 
 @torch.no_grad()
-def _set(module, start: torch.Tensor, p: float) -> None:
-    """The layer's (Hc, L, L) constants raised to ``p``, in place (bumping the tensor's version: the runtime's
-    prepared matrices are rebuilt)."""
-    module.papa_constants.copy_(start.double().clamp_min(0).pow(p))
+def _set(module, start: torch.Tensor, p) -> None:
+    """The layer's (Hc, L, L) constants raised to ``p`` (a number, or (Hc,) one per head), in place (bumping the
+    tensor's version: the runtime's prepared matrices are rebuilt)."""
+    p = torch.as_tensor(p, dtype=torch.float64, device=start.device)
+    module.papa_constants.copy_(start.double().clamp_min(0).pow(p.reshape(-1, 1, 1) if p.ndim else p))
 
 
 def _batches(model, tokenizer, examples, constants: Constants, batch_size: int, device):

@@ -62,6 +62,13 @@ class DistillOptions(Checked):
         type=click.Choice(("layers", "last")),
     )
     distill_lr: float = opt("Learning rate (Adam, on log C) for --kind distilled.", 0.01, type=POSITIVE_FLOAT)
+    sharpen_search: str = opt(
+        "How --kind sharpened fits its exponents: walk (one per layer, out from 1 while it helps), grid (one per "
+        "layer, every value tried), per-head (one per head, by gradient: fits long documents closer, in fewer "
+        "passes).",
+        "walk",
+        type=click.Choice(("walk", "grid", "per-head")),
+    )
 
     def kwargs(self) -> dict:
         """Keyword arguments for :func:`papa_surgery.healing.distill`."""

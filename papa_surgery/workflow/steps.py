@@ -184,7 +184,7 @@ class Workflow:
     def trained(self, kind: str, constants, heads, corpus, options: DistillOptions | None = None):
         """``constants`` with the matrices of ``heads`` (default: every head) fitted on ``corpus`` as the trained
         ``kind`` says: ``distilled`` (trained toward the source's hidden states) or ``sharpened`` (an exponent per
-        layer fitted to them)."""
+        layer, or per head, fitted to them)."""
         from ..healing.distillation import distill
         from ..healing.sharpness import sharpen
 
@@ -192,14 +192,16 @@ class Workflow:
         heads = [[layer, h] for layer in range(layers) for h in range(per_layer)] if heads is None else heads
         corpus = corpus if isinstance(corpus, Corpus) else open_corpus(corpus, pairs=constants.pairs)
         run, common = self.run, dict(batch_size=self.run.batch_size, device=self.run.device, progress=self.progress)
-        if kind == "sharpened":  # the distillation options do not apply
-            fit = lambda: sharpen(self.model, self.tokenizer, corpus, constants, heads, **common)  # noqa: E731
-            options = None
+        options = options or DistillOptions()
+        if kind == "sharpened":  # of these options only the search applies
+            kwargs = {**common, "search": options.sharpen_search}
+            fit = lambda: sharpen(self.model, self.tokenizer, corpus, constants, heads, **kwargs)  # noqa: E731
+            fitted_with = options.sharpen_search
         else:
-            options = options or DistillOptions()
             kwargs = {**common, "seed": run.seed, **options.kwargs()}
             fit = lambda: distill(self.model, self.tokenizer, corpus, constants, heads, **kwargs)  # noqa: E731
-        key = (kind, corpus_key(corpus), constants.key(), tuple(map(tuple, heads)), options)
+            fitted_with = tuple(sorted(options.kwargs().items()))
+        key = (kind, corpus_key(corpus), constants.key(), tuple(map(tuple, heads)), fitted_with)
         return self.cache.fetch("trained", key, fit)
 
     # -------------------------------------------------------------------------------------------- ranking

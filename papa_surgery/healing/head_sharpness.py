@@ -1,0 +1,73 @@
+"""An exponent per constant head, fitted by gradient descent (``sharpen(..., search="per-head")``).
+
+Why: the per-layer search (:mod:`.sharpness`) gives every constant head of a layer one exponent, but the heads of a
+layer are not alike: some averaged heads were sharp in every input (a head on the previous token) and need little
+more, some were sharp on different slots in each input and stay flat however sharpened. Fitting one exponent per
+head by trying values costs a forward pass per head and value; by gradient it costs about what the per-layer walk
+costs. On all-mpnet-base-v2's long documents (L=512, fraction 1) it left the model closer to its source than the
+per-layer walk, in about half the fitting time (``benchmarks/results/bench_kinds-mpnet-documents-per-head.txt``).
+
+How: each constant head's matrix is ``exp(p * log C)`` (C the starting average, rows renormalised at use as every
+constant's), with ``p = exp(s)`` (positive by construction) and ``s`` starting at 0, the average. Adam takes
+``steps`` steps on ``s`` only (every weight frozen), one batch of the fitting text per step in turn, minimising
+healing's ``layers`` objective (each layer's hidden-state error relative to the source's variance, averaged). The
+result is again one constant matrix per head, stored and run as any other.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .objective import hidden_error
+
+FLOOR = 1e-12  # log C of an empty cell: exp(p * log FLOOR) stays ~0 for any p the fit reaches
+__all__ = ["fit_head_exponents"]
+
+
+def fit_head_exponents(papa, modules: dict, starts: dict, batches, *, steps: int, lr: float, progress: bool):
+    """Each constant head's exponent, fitted to the source (module docstring).
+
+    Args:
+        papa: the converted model (dense constants; nothing of it is trained: its constants are put back as found).
+        modules: ``{layer: attention module}`` of the layers with constant heads.
+        starts: ``{layer: (Hc, L, L) starting constants}`` of those modules (their heads in ascending order).
+        batches: ``[(inputs, the source's hidden states), ...]`` of the fitting text.
+        steps: Adam steps (one batch each, the batches in turn).
+        lr: Adam's learning rate on ``log p``.
+        progress: show a progress bar over the steps.
+
+    Returns:
+        ``({layer: [p of each constant head, ascending head order]}, [loss of each step])``.
+    """
+    from tqdm.auto import tqdm
+
+    logs = {layer: start.double().clamp_min(FLOOR).log().float() for layer, start in starts.items()}  # (Hc, L, L)
+    scales = {layer: torch.zeros(len(log), device=log.device, requires_grad=True) for layer, log in logs.items()}
+    found = {layer: module.papa_constants for layer, module in modules.items()}
+
+    def sharpened(module, args, layer):
+        p = scales[layer].exp()  # (Hc,)
+        module.papa_constants = (p[:, None, None] * logs[layer]).exp()  # (Hc, L, L): a new tensor, so re-prepared
+
+    hooks = [
+        module.register_forward_pre_hook(lambda m, a, layer=layer: sharpened(m, a, layer))
+        for layer, module in modules.items()
+    ]
+    optimizer = torch.optim.Adam(scales.values(), lr=lr)
+    losses = []
+    try:
+        with torch.enable_grad():
+            for step in tqdm(range(steps), desc="sharpness", unit="step", disable=not progress):
+                inputs, targets = batches[step % len(batches)]
+                outputs = papa(**inputs, output_hidden_states=True).hidden_states
+                loss = hidden_error(outputs, targets, inputs["attention_mask"], "layers")
+                optimizer.zero_grad()
+                loss.backward(inputs=list(scales.values()))  # the exponents only: no weight's grad
+                optimizer.step()
+                losses.append(float(loss.detach()))
+    finally:
+        for hook in hooks:
+            hook.remove()
+        for layer, module in modules.items():
+            module.papa_constants = found[layer]
+    return {layer: [float(v) for v in s.detach().exp()] for layer, s in scales.items()}, losses

@@ -1,0 +1,131 @@
+"""Sharpened constants with an exponent per head (``search="per-head"``, issue 32), fitted by gradient descent.
+
+What it must be: each constant head's average raised to its own exponent (the heads not made constant untouched);
+closer to the source than the average on held-out text by its own objective; never farther than the average on the
+fitting text; the source untouched; the source at fraction 0; and, through the command line, a checkpoint that
+loads in a fresh process and computes what the in-memory model computes.
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+
+import pytest
+import torch
+from conftest import SENTENCES, cli
+from test_checkpoint import LOADER, fresh_python, loader_job
+from test_sharpened import HEADS, L
+
+import papa_surgery
+from papa_surgery.calibration.average import calibrate
+from papa_surgery.calibration.coverage import CoverageWarning
+from papa_surgery.conversion.description import sharpness_text
+from papa_surgery.healing.distillation import distillation_loss
+from papa_surgery.healing.sharpness import sharpen, sharpened_values
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def _shuffled(seed: int) -> list[str]:
+    """18 sentences of the test sentences' words drawn at random: the fitting text (seed 1) and held-out text of the
+    same make (seed 0)."""
+    g = torch.Generator().manual_seed(seed)
+    words = " ".join(SENTENCES).split()
+    picks = [torch.randint(0, len(words), (n,), generator=g) for n in (6, 9, 14) * 6]
+    return [" ".join(words[int(i)] for i in pick) for pick in picks]
+
+
+@pytest.fixture(scope="module")
+def average(tiny):
+    model, tok = tiny.model("bert"), tiny.tokenizer("bert")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", CoverageWarning)
+        return calibrate(model, tok, _shuffled(1), max_length=L, progress=False)
+
+
+def _per_head(tiny, average, heads=HEADS, **options):
+    model, tok = tiny.model("bert"), tiny.tokenizer("bert")
+    options = {"steps": 40, "batch_size": 8, "progress": False, **options}
+    return sharpen(model, tok, _shuffled(1), average, heads, search="per-head", **options)
+
+
+def test_each_head_gets_its_own_exponent_and_the_held_out_text_comes_closer(tiny, average):
+    model, tok = tiny.model("bert"), tiny.tokenizer("bert")
+    weights = {name: p.detach().clone() for name, p in model.state_dict().items()}
+    flags = [p.requires_grad for p in model.parameters()]
+    fitted = _per_head(tiny, average)
+    info = fitted.metadata["sharpened"]
+    exponents = {int(la): {int(h): p for h, p in ps.items()} for la, ps in info["exponents"].items()}
+    assert info["search"] == "per-head" and info["steps"] == 40 and len(info["losses"]) == 40
+    assert {(la, h) for la, ps in exponents.items() for h in ps} == {tuple(h) for h in HEADS}
+    assert len({round(p, 6) for ps in exponents.values() for p in ps.values()}) == len(HEADS)  # one each, all moved
+    assert torch.equal(fitted.values, sharpened_values(average, exponents, HEADS))
+    assert info["loss_sharpened"] < info["loss_average"]
+    # the fit's own objective on text it never saw: closer than the average
+    held_out = _shuffled(0)
+    assert distillation_loss(model, tok, held_out, fitted, HEADS) < distillation_loss(
+        model, tok, held_out, average, HEADS
+    )
+    # the source is untouched: its weights, their requires_grad, no gradient left on them
+    assert all(torch.equal(weights[name], p) for name, p in model.state_dict().items())
+    assert [p.requires_grad for p in model.parameters()] == flags and all(p.grad is None for p in model.parameters())
+    assert sharpness_text(info).startswith("exponent per head, layer 0: ")
+
+
+def test_a_head_raised_to_its_exponent_and_the_others_untouched(average):
+    raised = sharpened_values(average, {0: {1: 2.0, 3: 1.0}, 1: {0: 0.5}}, [[0, 1], [0, 3], [1, 0], [1, 2]])
+    assert torch.allclose(raised[0, 1], average.values[0, 1].double().pow(2).float(), rtol=1e-6, atol=0)
+    assert torch.allclose(raised[1, 0], average.values[1, 0].double().pow(0.5).float(), rtol=1e-6, atol=0)
+    for layer, head in ((0, 3), (1, 2), (0, 0), (1, 1)):  # exponent 1, missing, or not constant: bit-identical
+        assert torch.equal(raised[layer, head], average.values[layer, head])
+
+
+def test_a_fit_that_ends_farther_than_the_average_keeps_the_average(tiny, average, monkeypatch):
+    """Steps on single batches can end worse on the whole fitting text: then the average is kept, as the walk's p = 1
+    would keep it."""
+    from papa_surgery.healing import sharpness
+
+    scores = iter([1.0, 2.0])  # before, after
+    monkeypatch.setattr(sharpness, "_objective", lambda papa, batches, first=1, skip=((), None): next(scores))
+    fitted = _per_head(tiny, average, steps=3)
+    info = fitted.metadata["sharpened"]
+    assert info["exponents"] == {} and info["loss_sharpened"] == info["loss_average"] == 1.0
+    assert torch.equal(fitted.values, average.values)
+
+
+def test_fraction_0_is_the_source_and_bad_steps_are_refused(tiny, average):
+    model, tok = tiny.model("bert"), tiny.tokenizer("bert")
+    none = _per_head(tiny, average, heads=[])
+    assert torch.equal(none.values, average.values) and none.metadata["sharpened"]["exponents"] == {}
+    papa = papa_surgery.convert(model, none, "first-to-last", 0.0, tokenizer=tok)
+    enc = tok(["the movie was good", "a film"], padding=True, return_tensors="pt")
+    with torch.no_grad():
+        assert torch.allclose(papa(**enc)[0], model(**enc)[0], atol=1e-6, rtol=0)
+    for bad in (0, 2.5, True):
+        with pytest.raises(ValueError, match=r"steps: must be a positive integer"):
+            _per_head(tiny, average, steps=bad)
+    with pytest.raises(ValueError, match=r"lr: must be positive"):
+        _per_head(tiny, average, lr=0.0)
+    with pytest.raises(ValueError, match=r"search: must be one of walk, grid, per-head, got 'heads'"):
+        sharpen(model, tok, SENTENCES, average, HEADS, search="heads")
+
+
+def test_convert_sharpen_search_per_head_through_the_cli_loads_in_a_fresh_process(tiny_folder, tiny, corpus, tmp_path):
+    folder = tiny_folder("bert")
+    out = tmp_path / "ckpt"
+    args = ("convert", folder, "--kind", "sharpened", "--sharpen-search", "per-head", "--fraction", "0.5")
+    result = cli(*args, "--max-length", L, "--corpus", corpus, "--out", out)
+    assert result.exit_code == 0, result.output
+    recipe = json.loads((out / "papa_recipe.json").read_text())
+    fit = recipe["sharpened"]
+    heads = json.loads((out / "config.json").read_text())["papa_constant_heads"]
+    assert fit["search"] == "per-head" and len(fit["losses"]) == fit["steps"] == 64
+    fitted = {(int(la), int(h)) for la, ps in fit["exponents"].items() for h in ps}
+    assert fitted == {tuple(h) for h in heads} or fit["exponents"] == {}  # per head, or the average kept
+    assert "exponent per head" in (out / "README.md").read_text()
+    papa = papa_surgery.load(out)[0]
+    job = loader_job(papa, tiny.tokenizer("bert"), "AutoModel", out, "sharpened", tmp_path)
+    (tmp_path / "jobs.json").write_text(json.dumps([job]))
+    done = fresh_python(LOADER, str(tmp_path / "jobs.json"), cwd=tmp_path)
+    assert "ALL-OK" in done.stdout, done.stderr[-3000:]
