@@ -7,11 +7,11 @@ head by trying values costs a forward pass per head and value; by gradient it co
 costs. On all-mpnet-base-v2's long documents (L=512, fraction 1) it left the model closer to its source than the
 per-layer walk, in about half the fitting time (``benchmarks/results/bench_kinds-mpnet-documents-per-head.txt``).
 
-How: each constant head's matrix is ``exp(p * log C)`` (C the starting average, rows renormalised at use as every
-constant's), with ``p = exp(s)`` (positive by construction) and ``s`` starting at 0, the average. Adam takes
-``steps`` steps on ``s`` only (every weight frozen), one batch of the fitting text per step in turn, minimising
-healing's ``layers`` objective (each layer's hidden-state error relative to the source's variance, averaged). The
-result is again one constant matrix per head, stored and run as any other.
+How: each constant head's matrix is ``exp(p * log C)`` (C the starting average; each row divided by its largest
+value, and renormalised at use as every constant's), with ``p = exp(s)`` (positive by construction) and ``s``
+starting at 0, the average. Adam takes ``steps`` steps on ``s`` only (every weight frozen), one batch of the fitting
+text per step in turn, minimising healing's ``layers`` objective (each layer's hidden-state error relative to the
+source's variance, averaged). The result is again one constant matrix per head, stored and run as any other.
 """
 
 from __future__ import annotations
@@ -47,7 +47,10 @@ def fit_head_exponents(papa, modules: dict, starts: dict, batches, *, steps: int
 
     def sharpened(module, args, layer):
         p = scales[layer].exp()  # (Hc,)
-        module.papa_constants = (p[:, None, None] * logs[layer]).exp()  # (Hc, L, L): a new tensor, so re-prepared
+        logits = p[:, None, None] * logs[layer]  # (Hc, L, L)
+        # each row divided by its largest value (the scale is free: rows are renormalised at use): a large p would
+        # otherwise underflow a row to zeros in float32, 0 / 0 at use; a new tensor, so the runtime re-prepares it
+        module.papa_constants = (logits - logits.amax(-1, keepdim=True).detach()).exp()
 
     hooks = [
         module.register_forward_pre_hook(lambda m, a, layer=layer: sharpened(m, a, layer))

@@ -47,21 +47,31 @@ from .trainable import layer_modules
 GRID = (0.75, 1.0, 1.25, 1.5, 2.0, 2.5, 3.0)
 SEARCHES = ("walk", "grid", "per-head")
 PER_HEAD = "per-head"
-__all__ = ["GRID", "SEARCHES", "sharpen", "sharpened_values"]
+__all__ = ["GRID", "SEARCHES", "raised", "sharpen", "sharpened_values"]
 
 
 def sharpened_values(constants: Constants, exponents: dict, heads) -> torch.Tensor:
     """The (layers, heads, L, L) values of ``constants`` with the rows of ``heads`` raised to their exponent:
-    ``exponents[layer]`` is the layer's (a number) or each of its heads' (``{head: p}``); missing ones are 1."""
+    ``exponents[layer]`` is the layer's (a number) or each of its heads' (``{head: p}``); missing ones are 1. A raised
+    row is divided by its largest value (:func:`raised`)."""
     values = constants.values.clone()
     for layer, hs in heads_by_layer(heads).items():
         chosen = sorted(hs)
         p = exponents.get(layer, 1.0)
-        p = torch.tensor([p.get(h, 1.0) for h in chosen] if isinstance(p, dict) else [p] * len(chosen)).double()
-        raised = values[layer, chosen].double().clamp_min(0).pow(p[:, None, None])  # (heads, L, L)
+        p = torch.tensor([p.get(h, 1.0) for h in chosen] if isinstance(p, dict) else [p] * len(chosen))
         keep = p == 1.0  # an exponent of 1 leaves the values bit-identical
-        values[layer, chosen] = torch.where(keep[:, None, None], values[layer, chosen], raised.to(values.dtype))
+        up = raised(values[layer, chosen], p).to(values.dtype)  # (heads, L, L)
+        values[layer, chosen] = torch.where(keep[:, None, None], values[layer, chosen], up)
     return values
+
+
+def raised(rows: torch.Tensor, p) -> torch.Tensor:
+    """(heads, L, L) ``rows`` to the power ``p`` (a number, or (heads,) one per head), in float64, each row divided
+    by its largest value: rows are renormalised at use, so the scale is free, and a row of small values raised to a
+    large power would otherwise underflow to zeros in float32 (0 / 0 at use)."""
+    p = torch.as_tensor(p, dtype=torch.float64, device=rows.device)
+    up = rows.double().clamp_min(0).pow(p.reshape(-1, 1, 1) if p.ndim else p)
+    return up / up.amax(-1, keepdim=True).clamp_min(torch.finfo(torch.float64).tiny)
 
 
 def sharpen(
@@ -251,10 +261,9 @@ def _search(grid: tuple[float, ...], score, scores: dict[float, float], walk: bo
 
 @torch.no_grad()
 def _set(module, start: torch.Tensor, p) -> None:
-    """The layer's (Hc, L, L) constants raised to ``p`` (a number, or (Hc,) one per head), in place (bumping the
-    tensor's version: the runtime's prepared matrices are rebuilt)."""
-    p = torch.as_tensor(p, dtype=torch.float64, device=start.device)
-    module.papa_constants.copy_(start.double().clamp_min(0).pow(p.reshape(-1, 1, 1) if p.ndim else p))
+    """The layer's (Hc, L, L) constants raised to ``p`` (a number, or (Hc,) one per head; :func:`raised`), in place
+    (bumping the tensor's version: the runtime's prepared matrices are rebuilt)."""
+    module.papa_constants.copy_(raised(start, p))
 
 
 def _batches(model, tokenizer, examples, constants: Constants, batch_size: int, device):
