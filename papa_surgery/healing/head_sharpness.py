@@ -3,9 +3,10 @@
 Why: the per-layer search (:mod:`.sharpness`) gives every constant head of a layer one exponent, but the heads of a
 layer are not alike: some averaged heads were sharp in every input (a head on the previous token) and need little
 more, some were sharp on different slots in each input and stay flat however sharpened. Fitting one exponent per
-head by trying values costs a forward pass per head and value; by gradient it costs about what the per-layer walk
-costs. On all-mpnet-base-v2's long documents (L=512, fraction 1) it left the model closer to its source than the
-per-layer walk, in about half the fitting time (``benchmarks/results/bench_kinds-mpnet-documents-per-head.txt``).
+head by trying values would cost a forward pass per head and value; by gradient it costs 64 forward and backward
+passes of one batch. On all-mpnet-base-v2's long documents (L=512, fraction 1) it left the model closer to its source
+than the per-layer walk, for a fit costing one calibration where the walk's cost 2.4
+(``benchmarks/results/bench_kinds-mpnet-documents-per-head.txt``).
 
 How: each constant head's matrix is ``exp(p * log C)`` (C the starting average; each row divided by its largest
 value, and renormalised at use as every constant's), with ``p = exp(s)`` (positive by construction) and ``s``

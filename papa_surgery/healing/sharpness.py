@@ -113,9 +113,9 @@ def sharpen(
 
     Returns:
         ``Constants`` of kind ``sharpened``, with the counts and variance of ``constants`` and, in
-        ``metadata["sharpened"]``, the exponent per layer (``per-head``: ``{layer: {head: p}}``), each layer's
-        trials (exponent: score; ``per-head``: each step's loss) and the ``layers`` objective on the fitting text
-        before (the average) and after.
+        ``metadata["sharpened"]``, the exponent per layer and each layer's ``trials`` (exponent: score), or with
+        ``per-head`` the exponent per head (``{layer: {head: p}}``; empty where the average was kept) and each step's
+        loss (``losses``), and the ``layers`` objective on the fitting text before (the average) and after.
     """
     grid = tuple(sorted({float(p) for p in grid} | {1.0}))
     if any(p <= 0 for p in grid):
