@@ -66,7 +66,8 @@ _KINDS = (
     ),
     Kind(
         "sharpened",
-        "the average, each layer's rows raised to a power fitted to the source's hidden states (label-free)",
+        "the average, each layer's (or head's) rows raised to a power fitted to the source's hidden states "
+        "(label-free)",
         TRAINED,
         "average",
         "sharpen",

@@ -46,6 +46,8 @@ def sharpness_text(fit: dict) -> str:
         exponents = ", ".join(f"{layer}: {p:g}" for layer, p in fitted.items())
     before, after = fit.get("loss_average"), fit.get("loss_sharpened")
     change = f"; fitting objective {before:.3g} -> {after:.3g}" if before is not None and after is not None else ""
+    if per_head and not exponents:
+        return f"exponent per head: none, the average kept{change}"
     return f"exponent per {'head, layer' if per_head else 'layer'} {exponents or 'none'}{change}"
 
 

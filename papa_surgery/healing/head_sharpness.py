@@ -17,11 +17,12 @@ source's variance, averaged). The result is again one constant matrix per head, 
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 
 from .objective import hidden_error
 
-FLOOR = 1e-12  # log C of an empty cell: exp(p * log FLOOR) stays ~0 for any p the fit reaches
 __all__ = ["fit_head_exponents"]
 
 
@@ -33,7 +34,7 @@ def fit_head_exponents(papa, modules: dict, starts: dict, batches, *, steps: int
         modules: ``{layer: attention module}`` of the layers with constant heads.
         starts: ``{layer: (Hc, L, L) starting constants}`` of those modules (their heads in ascending order).
         batches: ``[(inputs, the source's hidden states), ...]`` of the fitting text.
-        steps: Adam steps (one batch each, the batches in turn).
+        steps: Adam steps (one batch each, the batches in turn: shortest examples first).
         lr: Adam's learning rate on ``log p``.
         progress: show a progress bar over the steps.
 
@@ -42,7 +43,10 @@ def fit_head_exponents(papa, modules: dict, starts: dict, batches, *, steps: int
     """
     from tqdm.auto import tqdm
 
-    logs = {layer: start.double().clamp_min(FLOOR).log().float() for layer, start in starts.items()}  # (Hc, L, L)
+    # (Hc, L, L) log C where C > 0; an empty cell's log is 0 and its value multiplied by 0 (0 stays 0 at any p)
+    kept = {layer: start > 0 for layer, start in starts.items()}
+    logs = {layer: torch.where(kept[layer], start.double(), 1.0).log().float() for layer, start in starts.items()}
+    empty = {layer: kept[layer].float() for layer in starts}
     scales = {layer: torch.zeros(len(log), device=log.device, requires_grad=True) for layer, log in logs.items()}
     found = {layer: module.papa_constants for layer, module in modules.items()}
 
@@ -50,14 +54,20 @@ def fit_head_exponents(papa, modules: dict, starts: dict, batches, *, steps: int
         p = scales[layer].exp()  # (Hc,)
         logits = p[:, None, None] * logs[layer]  # (Hc, L, L)
         # each row divided by its largest value (the scale is free: rows are renormalised at use): a large p would
-        # otherwise underflow a row to zeros in float32, 0 / 0 at use; a new tensor, so the runtime re-prepares it
-        module.papa_constants = (logits - logits.amax(-1, keepdim=True).detach()).exp()
+        # otherwise underflow a row to zeros in float32; a new tensor, so the runtime re-prepares it
+        module.papa_constants = (logits - logits.amax(-1, keepdim=True).detach()).exp() * empty[layer]
 
     hooks = [
         module.register_forward_pre_hook(lambda m, a, layer=layer: sharpened(m, a, layer))
         for layer, module in modules.items()
     ]
     optimizer = torch.optim.Adam(scales.values(), lr=lr)
+    if steps < len(batches):
+        warnings.warn(
+            f"per-head sharpness: {steps} steps visit {steps} of the {len(batches)} batches of the fitting text (the "
+            "longest examples are left out); raise steps or the batch size",
+            stacklevel=3,
+        )
     losses = []
     try:
         with torch.enable_grad():
@@ -67,6 +77,8 @@ def fit_head_exponents(papa, modules: dict, starts: dict, batches, *, steps: int
                 loss = hidden_error(outputs, targets, inputs["attention_mask"], "layers")
                 optimizer.zero_grad()
                 loss.backward(inputs=list(scales.values()))  # the exponents only: no weight's grad
+                if step == 0 and any(s.grad is None for s in scales.values()):  # a hook that never ran
+                    raise RuntimeError("per-head sharpness: the constants of some layers were never used")
                 optimizer.step()
                 losses.append(float(loss.detach()))
     finally:

@@ -58,20 +58,20 @@ def sharpened_values(constants: Constants, exponents: dict, heads) -> torch.Tens
     for layer, hs in heads_by_layer(heads).items():
         chosen = sorted(hs)
         p = exponents.get(layer, 1.0)
-        p = torch.tensor([p.get(h, 1.0) for h in chosen] if isinstance(p, dict) else [p] * len(chosen))
-        keep = p == 1.0  # an exponent of 1 leaves the values bit-identical
-        up = raised(values[layer, chosen], p).to(values.dtype)  # (heads, L, L)
-        values[layer, chosen] = torch.where(keep[:, None, None], values[layer, chosen], up)
+        p = [p.get(h, 1.0) for h in chosen] if isinstance(p, dict) else [p] * len(chosen)
+        values[layer, chosen] = raised(values[layer, chosen], p).to(values.dtype)  # (heads, L, L)
     return values
 
 
 def raised(rows: torch.Tensor, p) -> torch.Tensor:
-    """(heads, L, L) ``rows`` to the power ``p`` (a number, or (heads,) one per head), in float64, each row divided
-    by its largest value: rows are renormalised at use, so the scale is free, and a row of small values raised to a
-    large power would otherwise underflow to zeros in float32 (0 / 0 at use)."""
-    p = torch.as_tensor(p, dtype=torch.float64, device=rows.device)
-    up = rows.double().clamp_min(0).pow(p.reshape(-1, 1, 1) if p.ndim else p)
-    return up / up.amax(-1, keepdim=True).clamp_min(torch.finfo(torch.float64).tiny)
+    """(heads, L, L) ``rows`` to the power ``p`` (a number, or one per head), in float64, each raised row divided by
+    its largest value: rows are renormalised at use, so the scale is free, and a row of small values raised to a
+    large power would otherwise underflow to zeros in float32 (a head that silently contributes nothing). A head at
+    ``p = 1`` keeps its values as they are (the average itself, bit for bit once cast back)."""
+    p = torch.as_tensor(p, dtype=torch.float64, device=rows.device).reshape(-1, 1, 1).expand(len(rows), 1, 1)
+    up = rows.double().clamp_min(0).pow(p)
+    up = up / up.amax(-1, keepdim=True).clamp_min(torch.finfo(torch.float64).tiny)
+    return torch.where(p == 1.0, rows.double(), up)
 
 
 def sharpen(
@@ -126,7 +126,7 @@ def sharpen(
         raise ValueError(f"steps: must be a positive integer, got {steps!r}")
     if search == PER_HEAD and not lr > 0:
         raise ValueError(f"lr: must be positive, got {lr!r}")
-    constants = constants.to_dense()
+    constants = constants.to_dense().fill()  # what convert uses: the fitted model is the one a user converts
     heads = normalize_heads(heads, constants.num_layers, constants.num_heads)
     corpus = load_corpus(corpus, pairs=constants.pairs, max_examples=max_examples)
     examples = list(corpus)
@@ -149,7 +149,7 @@ def sharpen(
             else:
                 _fit_layers(papa, modules, starts, batches, grid, search, exponents, trials, progress)
             after = _objective(papa, batches)
-            if search == PER_HEAD and after > before:  # steps on single batches can end worse on the whole text
+            if search == PER_HEAD and not after <= before:  # steps on single batches can end worse (or diverge)
                 exponents.clear()  # the average, as the walk's p = 1 would have kept
                 after = before
         finally:
@@ -162,7 +162,7 @@ def sharpen(
             "exponents": {str(layer): _keyed(p) for layer, p in sorted(exponents.items())},
             "search": search,
             **(
-                {"steps": steps, "lr": lr, "losses": losses}
+                {"steps": steps, "lr": lr, "batch_size": batch_size, "losses": losses}
                 if search == PER_HEAD
                 else {
                     "grid": list(grid),

@@ -64,8 +64,8 @@ class DistillOptions(Checked):
     distill_lr: float = opt("Learning rate (Adam, on log C) for --kind distilled.", 0.01, type=POSITIVE_FLOAT)
     sharpen_search: str = opt(
         "How --kind sharpened fits its exponents: walk (one per layer, out from 1 while it helps), grid (one per "
-        "layer, every value tried), per-head (one per head, by gradient: fits long documents closer, in fewer "
-        "passes).",
+        "layer, every value tried), per-head (one per head, by gradient: 64 steps of one --batch-size batch each; "
+        "measured closer on long documents, fitted in batches of 4 at L=512).",
         "walk",
         type=click.Choice(("walk", "grid", "per-head")),
     )
