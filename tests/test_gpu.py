@@ -1,5 +1,6 @@
 """On a GPU: a converted checkpoint loaded by the real client onto CUDA, in fp32 and bf16, computes what it computes
-on the CPU, in every family and storage; calibrating and sharpening on CUDA give the CPU's constants.
+on the CPU, in every family and storage; calibrating and sharpening (per layer and per head) on CUDA give the
+CPU's constants.
 
 Skipped where PyTorch sees no GPU (CI has none); run it on one with ``pytest -m "" tests/test_gpu.py``.
 """
@@ -115,6 +116,27 @@ def test_calibrating_and_sharpening_on_cuda_give_the_cpus_constants(tiny):
     }
     assert fitted["cuda"].metadata["sharpened"]["exponents"] == fitted["cpu"].metadata["sharpened"]["exponents"]
     assert torch.allclose(fitted["cuda"].values, fitted["cpu"].values, atol=1e-5)
+    assert next(model.parameters()).device.type == "cpu"
+
+
+def test_per_head_sharpening_on_cuda_fits_the_cpus_exponents(tiny):
+    model, tok = tiny.model("bert"), tiny.tokenizer("bert")
+    corpus = SENTENCES * 4
+    average = papa_surgery.calibrate(model, tok, corpus, max_length=L, progress=False)
+    heads = papa_surgery.rank("first-to-last", model, tok, constants=average).select(1.0)
+    fitted = {
+        device: papa_surgery.sharpen(
+            model, tok, corpus, average, heads, search="per-head", steps=8, device=device, progress=False
+        )
+        for device in ("cpu", "cuda")
+    }
+    found = {d: f.metadata["sharpened"] for d, f in fitted.items()}
+    cpu = [p for ps in found["cpu"]["exponents"].values() for p in ps.values()]
+    cuda = [p for ps in found["cuda"]["exponents"].values() for p in ps.values()]
+    assert cuda == pytest.approx(cpu, rel=1e-3) and found["cuda"]["losses"] == pytest.approx(
+        found["cpu"]["losses"], rel=1e-3
+    )
+    assert torch.allclose(fitted["cuda"].values, fitted["cpu"].values, atol=1e-4)
     assert next(model.parameters()).device.type == "cpu"
 
 
