@@ -158,8 +158,13 @@ def test_convert_kind_sharpened_through_the_cli_loads_in_a_fresh_process(tiny_fo
     recipe = json.loads((out / "papa_recipe.json").read_text())
     assert config["papa_kind"] == "sharpened" and recipe["kind"] == "sharpened"
     assert "sharpened" in (out / "README.md").read_text()
+    loads_in_a_fresh_process(out, tiny.tokenizer("bert"), tmp_path)
+
+
+def loads_in_a_fresh_process(out, tokenizer, tmp_path) -> None:
+    """The checkpoint at ``out`` loads by ``AutoModel`` in a fresh process and computes what the library loads."""
     papa = papa_surgery.load(out)[0]
-    job = loader_job(papa, tiny.tokenizer("bert"), "AutoModel", out, "sharpened", tmp_path)
+    job = loader_job(papa, tokenizer, "AutoModel", out, "sharpened", tmp_path)
     (tmp_path / "jobs.json").write_text(json.dumps([job]))
     done = fresh_python(LOADER, str(tmp_path / "jobs.json"), cwd=tmp_path)
     assert "ALL-OK" in done.stdout, done.stderr[-3000:]

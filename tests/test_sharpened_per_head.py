@@ -14,8 +14,7 @@ import warnings
 import pytest
 import torch
 from conftest import FAMILY_TYPES, SENTENCES, cli
-from test_checkpoint import LOADER, fresh_python, loader_job
-from test_sharpened import HEADS, L, _rows
+from test_sharpened import HEADS, L, _rows, loads_in_a_fresh_process
 
 import papa_surgery
 from papa_surgery.calibration.average import calibrate
@@ -124,11 +123,7 @@ def test_convert_sharpen_search_per_head_through_the_cli_loads_in_a_fresh_proces
     fitted = {(int(la), int(h)) for la, ps in fit["exponents"].items() for h in ps}
     assert fitted == {tuple(h) for h in heads} and fit["loss_sharpened"] < fit["loss_average"]
     assert "exponent per head" in (out / "README.md").read_text()
-    papa = papa_surgery.load(out)[0]
-    job = loader_job(papa, tiny.tokenizer("bert"), "AutoModel", out, "sharpened", tmp_path)
-    (tmp_path / "jobs.json").write_text(json.dumps([job]))
-    done = fresh_python(LOADER, str(tmp_path / "jobs.json"), cwd=tmp_path)
-    assert "ALL-OK" in done.stdout, done.stderr[-3000:]
+    loads_in_a_fresh_process(out, tiny.tokenizer("bert"), tmp_path)
 
 
 def test_a_large_exponent_does_not_underflow_a_row_to_zeros(average):
