@@ -32,6 +32,8 @@ from bench_heal import mrpc_pairs, mrpc_scores, sst2_sentences
 from bench_structure_quality import documents
 from provenance import add_save_option, start_record
 
+from papa_surgery.registry import SHARPEN_SEARCHES
+
 
 @torch.no_grad()
 def measure(model, source, tok, texts, length: int, pipeline, batch: int = 32) -> dict:
@@ -90,7 +92,7 @@ def main() -> None:
     parser.add_argument("--pool", type=int, default=1000)
     parser.add_argument("--mrpc-train", type=int, default=None, help="MRPC training pairs for the threshold (all)")
     parser.add_argument("--documents", action="store_true", help="also long documents at L=512, fraction 1")
-    parser.add_argument("--search", default="walk", choices=("walk", "grid", "per-head"), help="how sharpened fits")
+    parser.add_argument("--search", default="walk", choices=SHARPEN_SEARCHES, help="how sharpened fits")
     beside = Path(__file__).resolve().parents[2] / "shared" / "data"  # ../shared/data beside the clone
     parser.add_argument("--data", default=os.environ.get("PAPA_SHARED_DATA", str(beside)))
     parser.add_argument("--threads", type=int, default=2)

@@ -172,6 +172,9 @@ DEFAULT_TRAIN = "full"
 # What healing matches (papa_surgery.healing.objective): hidden states of every layer or the last, and/or the
 # sentence-transformers embedding; ``auto`` = layers+embedding for a sentence-transformers source, else layers.
 HEAL_OBJECTIVES = ("auto", "layers", "last", "embedding", "layers+embedding", "last+embedding")
+# How the sharpened kind fits its exponents (papa_surgery.healing.sharpness): one per layer, walking out from 1 or
+# trying every grid value, or one per head by gradient (papa_surgery.healing.head_sharpness).
+SHARPEN_SEARCHES = ("walk", "grid", "per-head")
 
 STORAGES = {
     "auto": "dense up to L=128 (and for trained kinds), compact above",

@@ -43,10 +43,9 @@ def fit_head_exponents(papa, modules: dict, starts: dict, batches, *, steps: int
     """
     from tqdm.auto import tqdm
 
-    # (Hc, L, L) log C where C > 0; an empty cell's log is 0 and its value multiplied by 0 (0 stays 0 at any p)
-    kept = {layer: start > 0 for layer, start in starts.items()}
-    logs = {layer: torch.where(kept[layer], start.double(), 1.0).log().float() for layer, start in starts.items()}
-    empty = {layer: kept[layer].float() for layer in starts}
+    # (Hc, L, L): 1 where C > 0, 0 in an empty cell (it stays 0 at any p); log C, 0 in an empty cell
+    filled = {layer: (start > 0).float() for layer, start in starts.items()}
+    logs = {layer: torch.where(start > 0, start.double(), 1.0).log().float() for layer, start in starts.items()}
     scales = {layer: torch.zeros(len(log), device=log.device, requires_grad=True) for layer, log in logs.items()}
     found = {layer: module.papa_constants for layer, module in modules.items()}
 
@@ -55,7 +54,7 @@ def fit_head_exponents(papa, modules: dict, starts: dict, batches, *, steps: int
         logits = p[:, None, None] * logs[layer]  # (Hc, L, L)
         # each row divided by its largest value (the scale is free: rows are renormalised at use): a large p would
         # otherwise underflow a row to zeros in float32; a new tensor, so the runtime re-prepares it
-        module.papa_constants = (logits - logits.amax(-1, keepdim=True).detach()).exp() * empty[layer]
+        module.papa_constants = (logits - logits.amax(-1, keepdim=True).detach()).exp() * filled[layer]
 
     hooks = [
         module.register_forward_pre_hook(lambda m, a, layer=layer: sharpened(m, a, layer))

@@ -40,12 +40,13 @@ from ..calibration.encoding import encode, model_inputs
 from ..calibration.passes import borrow
 from ..conversion.surgery import convert, normalize_heads
 from ..hub_code.modeling_papa import attention_modules, heads_by_layer
+from ..registry import SHARPEN_SEARCHES
 from .head_sharpness import fit_head_exponents
 from .objective import hidden_error
 from .trainable import layer_modules
 
 GRID = (0.75, 1.0, 1.25, 1.5, 2.0, 2.5, 3.0)
-SEARCHES = ("walk", "grid", "per-head")
+SEARCHES = SHARPEN_SEARCHES
 PER_HEAD = "per-head"
 __all__ = ["GRID", "SEARCHES", "raised", "sharpen", "sharpened_values"]
 

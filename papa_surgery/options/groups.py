@@ -67,7 +67,7 @@ class DistillOptions(Checked):
         "layer, every value tried), per-head (one per head, by gradient: 64 steps of one --batch-size batch each; "
         "measured closer on long documents, fitted in batches of 4 at L=512).",
         "walk",
-        type=click.Choice(("walk", "grid", "per-head")),
+        type=click.Choice(registry.SHARPEN_SEARCHES),
     )
 
     def kwargs(self) -> dict:
