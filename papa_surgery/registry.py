@@ -66,7 +66,7 @@ _KINDS = (
     ),
     Kind(
         "sharpened",
-        "the average, each layer's (or head's) rows raised to a power fitted to the source's hidden states "
+        "the average, each head's (or layer's) rows raised to a power fitted to the source's hidden states "
         "(label-free)",
         TRAINED,
         "average",
@@ -172,9 +172,13 @@ DEFAULT_TRAIN = "full"
 # What healing matches (papa_surgery.healing.objective): hidden states of every layer or the last, and/or the
 # sentence-transformers embedding; ``auto`` = layers+embedding for a sentence-transformers source, else layers.
 HEAL_OBJECTIVES = ("auto", "layers", "last", "embedding", "layers+embedding", "last+embedding")
-# How the sharpened kind fits its exponents (papa_surgery.healing.sharpness): one per layer, walking out from 1 or
-# trying every grid value, or one per head by gradient (papa_surgery.healing.head_sharpness).
-SHARPEN_SEARCHES = ("walk", "grid", "per-head")
+# How the sharpened kind fits its exponents (papa_surgery.healing.sharpness): one per head by gradient (the
+# default: papa_surgery.healing.head_sharpness), or one per layer, walking out from 1 or trying every grid value.
+SHARPEN_SEARCHES = ("per-head", "walk", "grid")
+# Tokens (examples x padded length) in one per-head step's batch at most: a step runs forward and backward through
+# every layer, so its activations follow the tokens, not the examples. 2,048 is what was measured: batches of 4
+# documents at L=512 (all-mpnet-base-v2, bench_kinds-mpnet-documents-per-head.txt) and of 32 sentences padded to ~64.
+SHARPEN_STEP_TOKENS = 2048
 
 STORAGES = {
     "auto": "dense up to L=128 (and for trained kinds), compact above",

@@ -111,7 +111,7 @@ def test_calibrating_and_sharpening_on_cuda_give_the_cpus_constants(tiny):
     assert torch.allclose(gpu.values, cpu.values, atol=1e-5)
     heads = papa_surgery.rank("first-to-last", model, tok, constants=cpu).select(0.5)
     fitted = {
-        device: papa_surgery.sharpen(model, tok, corpus, cpu, heads, device=device, progress=False)
+        device: papa_surgery.sharpen(model, tok, corpus, cpu, heads, search="walk", device=device, progress=False)
         for device in ("cpu", "cuda")
     }
     assert fitted["cuda"].metadata["sharpened"]["exponents"] == fitted["cpu"].metadata["sharpened"]["exponents"]

@@ -55,7 +55,7 @@ def average(tiny):
 @pytest.fixture(scope="module")
 def sharpened(tiny, average):
     model, tok = tiny.model("bert"), tiny.tokenizer("bert")
-    return sharpen(model, tok, _texts()[0], average, HEADS, batch_size=4, progress=False)
+    return sharpen(model, tok, _texts()[0], average, HEADS, search="walk", batch_size=4, progress=False)
 
 
 def test_the_average_raised_to_each_layers_fitted_exponent(tiny, average, sharpened):
@@ -98,7 +98,7 @@ def test_each_layer_keeps_the_exponent_that_brings_it_closest(tiny, average, mon
 
     monkeypatch.setattr(sharpness, "_set", set_exponent)
     monkeypatch.setattr(sharpness, "_objective", objective)
-    fitted = sharpen(model, tok, _texts()[0], average, HEADS, batch_size=4, progress=False)
+    fitted = sharpen(model, tok, _texts()[0], average, HEADS, search="walk", batch_size=4, progress=False)
     assert fitted.metadata["sharpened"]["exponents"] == {"0": 2.0, "1": 0.75}
     assert below and set(below) == {2.0}  # layer 1 was scored with layer 0 at its choice
     assert torch.equal(fitted.values, sharpened_values(average, {0: 2.0, 1: 0.75}, HEADS))
@@ -118,7 +118,7 @@ def test_closer_to_the_source_than_the_average_on_held_out_text(minilm):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", CoverageWarning)
         average = calibrate(model, tok, fit, max_length=64, progress=False)
-        sharpened = sharpen(model, tok, fit, average, every, progress=False)
+        sharpened = sharpen(model, tok, fit, average, every, search="walk", progress=False)
         start = distillation_loss(model, tok, held_out, average, every)
         end = distillation_loss(model, tok, held_out, sharpened, every)
     exponents = sharpened.metadata["sharpened"]["exponents"]
@@ -236,7 +236,7 @@ def test_trained_kinds_are_stored_as_the_dense_matrices_they_were_fitted_as(tiny
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", CoverageWarning)
         long = calibrate(model, tok, _texts()[0], max_length=160, progress=False)
-    raised = sharpen(model, tok, _texts()[0], long, HEADS, grid=(2.0,), batch_size=4, progress=False)
+    raised = sharpen(model, tok, _texts()[0], long, HEADS, grid=(2.0,), search="walk", batch_size=4, progress=False)
     assert papa_surgery.convert(model, long, "first-to-last", 1.0, tokenizer=tok).config.papa_compact_band == 16
     for kind in ("sharpened", "distilled"):
         c = raised if kind == "sharpened" else papa_surgery.Constants(raised.values, kind, 160, False)
@@ -248,7 +248,7 @@ def test_trained_kinds_are_stored_as_the_dense_matrices_they_were_fitted_as(tiny
 
 @pytest.mark.parametrize("model_type", ["bert", "modernbert"])
 def test_walking_out_from_1_finds_what_trying_every_exponent_finds_in_fewer_trials(tiny, model_type):
-    """The default search walks the grid out from 1 while the score improves: where each layer's scores have one
+    """The walk searches the grid out from 1 while the score improves: where each layer's scores have one
     minimum along the grid, the exponents, the constants and every score it took are those of trying them all."""
     model, tok = tiny.model(model_type), tiny.tokenizer(model_type)
     with warnings.catch_warnings():
@@ -300,5 +300,5 @@ def test_the_walk_stops_at_the_first_minimum_from_1_and_breaks_ties_toward_1():
 
 
 def test_an_unknown_search_is_refused_by_name(tiny, average):
-    with pytest.raises(ValueError, match=r"search: must be one of walk, grid, per-head, got .best."):
+    with pytest.raises(ValueError, match=r"search: must be one of per-head, walk, grid, got .best."):
         sharpen(tiny.model("bert"), tiny.tokenizer("bert"), _texts()[0], average, HEADS, search="best")

@@ -17,10 +17,12 @@ from conftest import FAMILY_TYPES, SENTENCES, cli
 from test_sharpened import HEADS, L, _rows, loads_in_a_fresh_process
 
 import papa_surgery
+from papa_surgery import registry
 from papa_surgery.calibration.average import calibrate
 from papa_surgery.calibration.coverage import CoverageWarning
 from papa_surgery.conversion.description import sharpness_text
 from papa_surgery.healing.distillation import distillation_loss
+from papa_surgery.healing.head_sharpness import step_batches
 from papa_surgery.healing.sharpness import sharpen, sharpened_values
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -106,20 +108,23 @@ def test_fraction_0_is_the_source_and_bad_steps_are_refused(tiny, average):
             _per_head(tiny, average, steps=bad)
     with pytest.raises(ValueError, match=r"lr: must be positive"):
         _per_head(tiny, average, lr=0.0)
-    with pytest.raises(ValueError, match=r"search: must be one of walk, grid, per-head, got 'heads'"):
+    with pytest.raises(ValueError, match=r"search: must be one of per-head, walk, grid, got 'heads'"):
         sharpen(model, tok, SENTENCES, average, HEADS, search="heads")
 
 
-def test_convert_sharpen_search_per_head_through_the_cli_loads_in_a_fresh_process(tiny_folder, tiny, corpus, tmp_path):
+def test_convert_kind_sharpened_fits_per_head_by_default_and_loads_in_a_fresh_process(
+    tiny_folder, tiny, corpus, tmp_path
+):
     folder = tiny_folder("bert")
     out = tmp_path / "ckpt"
-    args = ("convert", folder, "--kind", "sharpened", "--sharpen-search", "per-head", "--fraction", "0.5")
+    args = ("convert", folder, "--kind", "sharpened", "--fraction", "0.5")  # no --sharpen-search: per-head
     result = cli(*args, "--max-length", L, "--corpus", corpus, "--out", out)
     assert result.exit_code == 0, result.output
     recipe = json.loads((out / "papa_recipe.json").read_text())
     fit = recipe["sharpened"]
     heads = json.loads((out / "config.json").read_text())["papa_constant_heads"]
     assert fit["search"] == "per-head" and len(fit["losses"]) == fit["steps"] == 64
+    assert fit["batch_size"] == 32 and fit["step_tokens"] == registry.SHARPEN_STEP_TOKENS
     fitted = {(int(la), int(h)) for la, ps in fit["exponents"].items() for h in ps}
     assert fitted == {tuple(h) for h in heads} and fit["loss_sharpened"] < fit["loss_average"]
     assert "exponent per head" in (out / "README.md").read_text()
@@ -182,3 +187,34 @@ def test_every_constant_head_of_every_family_gets_a_gradient(tiny, model_type, m
     exponents = fitted.metadata["sharpened"]["exponents"]
     moved = {(int(la), int(h)) for la, ps in exponents.items() for h, p in ps.items() if p != 1.0}
     assert moved == {tuple(h) for h in every}, model_type
+
+
+def test_each_step_holds_at_most_the_token_budget_and_every_example_once(tiny, average, monkeypatch):
+    """A step's activations follow its tokens: the fitting batches are cut into steps of at most ``STEP_TOKENS``
+    tokens (one example at least), every example in exactly one step, its inputs and targets cut alike."""
+    from papa_surgery.healing import sharpness
+
+    seen = []
+    real_fit = sharpness.fit_head_exponents
+
+    def spy(papa, modules, starts, batches, **kwargs):
+        seen.extend(batches)
+        return real_fit(papa, modules, starts, batches, **kwargs)
+
+    monkeypatch.setattr(sharpness, "fit_head_exponents", spy)
+    monkeypatch.setattr(sharpness, "STEP_TOKENS", 40)
+    fitted = _per_head(tiny, average, steps=3, batch_size=8)
+    sizes = [inputs["attention_mask"].shape for inputs, _ in seen]  # (B, T) of each step
+    assert all(b * t <= 40 or b == 1 for b, t in sizes) and max(b for b, _ in sizes) > 1, sizes
+    assert sum(b for b, _ in sizes) == len(_shuffled(1)) and len(sizes) > -(-len(_shuffled(1)) // 8)
+    for inputs, targets in seen:
+        assert all(len(v) == len(inputs["attention_mask"]) for v in (*inputs.values(), *targets))
+    assert fitted.metadata["sharpened"]["step_tokens"] == 40
+
+    ids = torch.arange(24).reshape(6, 4)  # six examples of four tokens: at most two per step of nine tokens
+    batches = [({"input_ids": ids, "attention_mask": torch.ones_like(ids)}, (ids.float()[..., None],))]
+    cut = step_batches(batches, tokens=9)
+    assert [len(i["input_ids"]) for i, _ in cut] == [2, 2, 2]
+    assert torch.equal(torch.cat([i["input_ids"] for i, _ in cut]), ids)
+    assert torch.equal(torch.cat([t[0] for _, t in cut]), batches[0][1][0])
+    assert [len(i["input_ids"]) for i, _ in step_batches(batches, tokens=3)] == [1] * 6  # one example at least

@@ -282,6 +282,37 @@ def test_distilled_kind_in_a_sweep_resumes_and_reports(tiny_folder, data_dir, tm
     assert "| distilled |" in report and "| average |" in report  # both kinds in the Table 1 style table
 
 
+def test_probe_sweeps_the_sharpened_kind_with_the_search_asked_for(tiny_folder, data_dir, tmp_path, monkeypatch):
+    """``probe --kind sharpened`` fits per head unless ``--sharpen-search`` says otherwise; rows record the search,
+    the fitted constants say it, and resuming with another search is refused by name."""
+    from conftest import cli
+
+    from papa_surgery.healing import sharpness
+
+    fitted, real_sharpen = [], sharpness.sharpen
+    monkeypatch.setattr(sharpness, "sharpen", lambda *a, **k: fitted.append(real_sharpen(*a, **k)) or fitted[-1])
+    source = tiny_folder("bert")
+    common = ["--task", "sst2", "--data-dir", data_dir, "--fractions", "1", "--seeds", 1, "--epochs", 1]
+    common += ["--max-length", 32, "--kind", "average", "--kind", "sharpened"]
+    searched = {}
+    for search in ("per-head", "walk"):
+        out = tmp_path / f"{search}.jsonl"
+        result = cli(
+            "probe", source, *common, *(["--sharpen-search", "walk"] if search == "walk" else []), "--out", out
+        )
+        assert result.exit_code == 0, result.output
+        rows = read_rows(out)
+        assert [r["kind"] for r in rows] == ["average", "sharpened"]
+        assert all(r["options"]["sharpen_search"] == search for r in rows)
+        searched[search] = {c.metadata["sharpened"]["search"] for c in fitted}
+        fitted.clear()
+    assert searched == {"per-head": {"per-head"}, "walk": {"walk"}}
+    again = cli("probe", source, *common, "--out", tmp_path / "walk.jsonl")  # per-head on walk's rows
+    assert again.exit_code != 0 and "--sharpen-search walk" in again.output, again.output
+    with pytest.raises(ValueError, match="sharpen_search: must be one of per-head, walk, grid"):
+        config(source, data_dir, kinds=("sharpened",), sharpen_search="best").validate()
+
+
 def test_labeled_kinds_change_only_constants_and_probe_resume_and_report(tiny_folder, data_dir, tmp_path, monkeypatch):
     """Paper Table 1 rows 4-5: constants trained with the probe; the backbone and the source stay untouched."""
     import papa_surgery.probing.labeled as labeled_module

@@ -11,6 +11,7 @@ import click
 from ..distributed import scale_out
 from ..options import (
     HEAL_WITH_SOURCE,
+    DistillOptions,
     FinetuneOptions,
     HealOptions,
     RunOptions,
@@ -22,7 +23,13 @@ from ..options import (
 from .context import progress_of, verbosity
 
 
-def _sweep_config(model_or_dir: str, sweep: SweepOptions, heal: HealOptions | None = None, trust: bool = False):
+def _sweep_config(
+    model_or_dir: str,
+    sweep: SweepOptions,
+    heal: HealOptions | None = None,
+    trust: bool = False,
+    sharpen_search: str | None = None,
+):
     from ..experiments.config import SweepConfig
     from ..models.sources import EMBEDDED_HUB_ID, resolve_model
 
@@ -45,6 +52,7 @@ def _sweep_config(model_or_dir: str, sweep: SweepOptions, heal: HealOptions | No
         fractions=tuple(sweep.fractions),
         seeds=tuple(range(sweep.seeds)),
         trust_remote_code=trust,
+        sharpen_search=sharpen_search,
         **({"kinds": tuple(sweep.kinds)} if sweep.kinds else {}),
         **({"methods": tuple(sweep.methods)} if sweep.methods else {}),
         **options,
@@ -71,6 +79,11 @@ def trust_option(command):
     return click_options(RunOptions, only=("trust_remote_code",))(command)
 
 
+def sharpen_option(command):
+    """``--sharpen-search`` (:class:`~papa_surgery.options.DistillOptions`): how the sharpened kind is fitted."""
+    return click_options(DistillOptions, only=("sharpen_search",))(command)
+
+
 def heal_options(command):
     """``--heal-steps N`` (and the other ``--heal-*``): each kind's converted model is also healed and scored."""
     return click_options(HealOptions, prefix="heal", only=HEAL_WITH_SOURCE, switch="steps")(command)
@@ -80,6 +93,7 @@ def heal_options(command):
 @click.argument("model_or_dir")
 @click_options(SweepOptions)
 @trust_option
+@sharpen_option
 @heal_options
 @verbosity
 @click.pass_context
@@ -94,7 +108,7 @@ def probe(ctx, model_or_dir, **kwargs):
 
     sweep = from_kwargs(SweepOptions, kwargs)
     heal = optional_group(HealOptions, kwargs, "heal", "steps")
-    config = _sweep_config(model_or_dir, sweep, heal, kwargs["trust_remote_code"])
+    config = _sweep_config(model_or_dir, sweep, heal, kwargs["trust_remote_code"], kwargs["sharpen_search"])
     before = _rows_in(sweep.out)
     rows = run_sweep(config, sweep.out, progress=progress_of(ctx))
     click.echo(_summary(rows, before, sweep.out))
@@ -105,6 +119,7 @@ def probe(ctx, model_or_dir, **kwargs):
 @click_options(SweepOptions)
 @click_options(FinetuneOptions)
 @trust_option
+@sharpen_option
 @heal_options
 @verbosity
 @click.pass_context
@@ -123,7 +138,7 @@ def finetune(ctx, model_or_dir, **kwargs):
 
     sweep = from_kwargs(SweepOptions, kwargs)
     heal = optional_group(HealOptions, kwargs, "heal", "steps")
-    config = _sweep_config(model_or_dir, sweep, heal, kwargs["trust_remote_code"])
+    config = _sweep_config(model_or_dir, sweep, heal, kwargs["trust_remote_code"], kwargs["sharpen_search"])
     before = _rows_in(sweep.out)
     rows = run_sweep(
         config, sweep.out, progress=progress_of(ctx), job=FinetuneJob(config, from_kwargs(FinetuneOptions, kwargs))

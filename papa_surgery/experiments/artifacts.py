@@ -158,12 +158,16 @@ class SweepArtifacts:
         return load_corpus(spec, pairs=task.pairs, max_examples=cfg.max_calibration_examples)
 
     def constants_for(self, kind: str, spec: str, task, length: int, heads=None):
-        """The constants a cell of ``kind`` converts with (``distilled``: trained for the cell's ``heads``)."""
+        """The constants a cell of ``kind`` converts with (``distilled``, ``sharpened``: fitted for the cell's
+        ``heads``)."""
         from .. import registry
 
         chosen = registry.kind(kind, sweeps=True)
         corpus = self.open_corpus(spec, task) if chosen.needs_corpus else None
-        distill = DistillOptions(**{f"distill_{k}": v for k, v in self.config.distill_options.items()})
+        distill = DistillOptions(
+            **{f"distill_{k}": v for k, v in self.config.distill_options.items()},
+            sharpen_search=self.config.resolved_sharpen_search,
+        )
         return self.flow.constants(kind, corpus=corpus, max_length=length, heads=heads, distill=distill)
 
     def heal(self, model, spec: str, task):

@@ -52,6 +52,8 @@ class SweepConfig:
             ``<kind>+healed`` (``registry.healed_label``); empty (the default): no healing.
         distill_options: keyword arguments for ``distill.distill`` (``steps``, ``objective``, ``lr``) of the
             ``distilled`` kind, which distils the calibrated average for each cell's constant heads.
+        sharpen_search: how the ``sharpened`` kind fits its exponents for each cell's constant heads
+            (``registry.SHARPEN_SEARCHES``; default ``per-head``, as ``convert --kind sharpened``).
         label: the model's name in the results (default ``model``; e.g. a Hub id for a local copy).
         trust_remote_code: load ``model`` with the code files it ships (a PAPA checkpoint's ``modeling_papa.py``)
             instead of papa-surgery's own classes.
@@ -79,6 +81,7 @@ class SweepConfig:
     save_artifacts: bool = True
     rank_options: dict = field(default_factory=dict, hash=False)
     distill_options: dict = field(default_factory=dict, hash=False)
+    sharpen_search: str | None = None
     heal_options: dict = field(default_factory=dict, hash=False)
     label: str | None = None
     trust_remote_code: bool = False
@@ -87,6 +90,13 @@ class SweepConfig:
     def model_name(self) -> str:
         """The model as results rows name it."""
         return self.label or self.model
+
+    @property
+    def resolved_sharpen_search(self) -> str:
+        """The ``sharpened`` kind's search: the one given, else the command line's default."""
+        from ..options import DistillOptions
+
+        return self.sharpen_search or DistillOptions().sharpen_search
 
     @property
     def seed_list(self) -> tuple[int, ...]:
@@ -132,6 +142,11 @@ class SweepConfig:
                     f"the {labeled[0]!r} kind trains its constants with each cell's probe: it has no converted model "
                     "to heal; sweep it without healing",
                 )
+        if self.sharpen_search is not None and self.sharpen_search not in registry.SHARPEN_SEARCHES:
+            raise ArgumentError(
+                "sharpen_search",
+                f"must be one of {', '.join(registry.SHARPEN_SEARCHES)}, got {self.sharpen_search!r}",
+            )
         for method in _as_tuple(self.methods) or ("",):
             registry.method(method)
         for spec in self.corpora:
@@ -165,6 +180,7 @@ class SweepConfig:
                 if "distilled" in _as_tuple(self.kinds)
                 else {}
             ),
+            **({"sharpen_search": self.resolved_sharpen_search} if "sharpened" in _as_tuple(self.kinds) else {}),
             **(
                 {"heal_options": {k: self.heal_options[k] for k in sorted(self.heal_options)}}
                 if self.heal_options

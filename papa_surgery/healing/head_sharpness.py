@@ -21,9 +21,22 @@ import warnings
 
 import torch
 
+from ..registry import SHARPEN_STEP_TOKENS as STEP_TOKENS
 from .objective import hidden_error
 
-__all__ = ["fit_head_exponents"]
+__all__ = ["STEP_TOKENS", "fit_head_exponents", "step_batches"]
+
+
+def step_batches(batches, tokens: int = STEP_TOKENS):
+    """``batches`` (``[(inputs, the source's hidden states), ...]``) with each cut into runs of examples holding at most
+    ``tokens`` tokens (at least one example each), in the same order."""
+    out = []
+    for inputs, targets in batches:
+        n, length = inputs["attention_mask"].shape  # (B, T)
+        step = max(1, tokens // length)
+        for i in range(0, n, step):
+            out.append(({k: v[i : i + step] for k, v in inputs.items()}, tuple(t[i : i + step] for t in targets)))
+    return out
 
 
 def fit_head_exponents(papa, modules: dict, starts: dict, batches, *, steps: int, lr: float, progress: bool):
@@ -33,7 +46,8 @@ def fit_head_exponents(papa, modules: dict, starts: dict, batches, *, steps: int
         papa: the converted model (dense constants; nothing of it is trained: its constants are put back as found).
         modules: ``{layer: attention module}`` of the layers with constant heads.
         starts: ``{layer: (Hc, L, L) starting constants}`` of those modules (their heads in ascending order).
-        batches: ``[(inputs, the source's hidden states), ...]`` of the fitting text.
+        batches: ``[(inputs, the source's hidden states), ...]`` of the fitting text, one per step (see
+            :func:`step_batches`).
         steps: Adam steps (one batch each, the batches in turn: shortest examples first).
         lr: Adam's learning rate on ``log p``.
         progress: show a progress bar over the steps.

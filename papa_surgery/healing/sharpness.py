@@ -7,25 +7,30 @@ nearly identical). Raising each constant row to a power p > 1 (rows are renormal
 gives back some of the concentration one input's attention has, at no cost at inference: the result is again one
 constant matrix per head, stored and run as any other.
 
-The exponent is fitted per layer on unlabelled text, greedily from the first layer up. For a layer with constant
-heads, exponents of ``grid`` are tried with the layers below at their fitted exponents (and those above still
-the average), and the one whose hidden states from that layer to the last are closest to the source's (the mean
-squared error over real tokens relative to the source's variance, per layer, averaged: healing's ``layers``
-objective over the layers the choice reaches) is kept for every constant head of that layer. ``search="walk"`` (the
-default) tries 1, then walks the grid upward while each step scores better, and downward only if the first step up
+The exponent is fitted per head by default (``search="per-head"``): gradient descent on one exponent per constant
+head, over every layer at once (:mod:`.head_sharpness`), minimising the mean squared error of each layer's hidden
+states over real tokens relative to the source's variance, averaged (healing's ``layers`` objective). The heads of a
+layer differ, and measured on all-MiniLM-L6-v2 and all-mpnet-base-v2 (``docs/kinds-ranking.md``) it came out at
+least as close to the source as one exponent per layer in every setting, for no more time.
+
+``search="walk"`` and ``search="grid"`` fit one exponent per layer instead, greedily from the first layer up. For a
+layer with constant heads, exponents of ``grid`` are tried with the layers below at their fitted exponents (and
+those above still the average), and the one whose hidden states from that layer to the last are closest to the
+source's (the same objective over the layers the choice reaches) is kept for every constant head of that layer.
+``walk`` tries 1, then walks the grid upward while each step scores better, and downward only if the first step up
 did not: the grid's best wherever the score has one strict minimum along the grid (measured on all-MiniLM-L6-v2 and
 all-mpnet-base-v2: the same exponents as trying every one, ``benchmarks/results/bench_sharpen_search.txt``), in
-about half the trials. ``search="grid"`` tries every exponent. The scores of the trials made are kept in the
-metadata. ``search="per-head"`` fits one exponent per constant head instead, by gradient descent on the same
-objective over every layer at once (:mod:`.head_sharpness`). Scoring only the
-layer's own output missed what sharpening is for, the compounding: on all-MiniLM-L6-v2 it chose the average
-everywhere. ``p = 1`` (the average itself) is always a candidate, so on the fitting text no choice leaves the model
-farther from the source than the average did, given the layers below.
+about half the trials. ``grid`` tries every exponent. The scores of the trials made are kept in the metadata.
+Scoring only the layer's own output missed what sharpening is for, the compounding: on all-MiniLM-L6-v2 it chose the
+average everywhere. ``p = 1`` (the average itself) is always a candidate, so on the fitting text no choice leaves the
+model farther from the source than the average did, given the layers below; a per-head fit that ends farther keeps
+the average.
 
-What it costs: a layer's trials run only that layer and the ones above it. The layers below are already fitted, so
-what they return on each batch is kept (one hidden state per batch, the input of the layer being fitted) and they
-are skipped; fitting n layers runs about (n + 1) / 2 forward passes per exponent instead of n. The fitting text is
-batched by length, so a batch is padded to about its own examples' length.
+What it costs: a per-head step runs forward and backward over one batch of at most ``STEP_TOKENS`` tokens
+(:func:`.head_sharpness.step_batches`). A layer's trials run only that layer and the ones above it. The layers below
+are already fitted, so what they return on each batch is kept (one hidden state per batch, the input of the layer
+being fitted) and they are skipped; fitting n layers runs about (n + 1) / 2 forward passes per exponent instead of
+n. The fitting text is batched by length, so a batch is padded to about its own examples' length.
 """
 
 from __future__ import annotations
@@ -41,7 +46,7 @@ from ..calibration.passes import borrow
 from ..conversion.surgery import convert, normalize_heads
 from ..hub_code.modeling_papa import attention_modules, heads_by_layer
 from ..registry import SHARPEN_SEARCHES
-from .head_sharpness import fit_head_exponents
+from .head_sharpness import STEP_TOKENS, fit_head_exponents, step_batches
 from .objective import hidden_error
 from .trainable import layer_modules
 
@@ -83,7 +88,7 @@ def sharpen(
     heads,
     *,
     grid: tuple[float, ...] = GRID,
-    search: str = "walk",
+    search: str = PER_HEAD,
     steps: int = 64,
     lr: float = 0.05,
     max_examples: int = 128,
@@ -103,9 +108,11 @@ def sharpen(
         heads: ``[[layer, head], ...]`` that will be constant (e.g. ``ranking.select(fraction)``); the other heads
             keep their attention while fitting and their matrices are returned unchanged.
         grid: the exponents a layer can take (1, the average, is always added); ``walk`` and ``grid`` only.
-        search: ``"walk"`` (out from 1 while the score improves), ``"grid"`` (every exponent), or ``"per-head"``
-            (an exponent per head, by gradient: :mod:`.head_sharpness`); module docstring.
-        steps: Adam steps of ``per-head`` (one batch of ``batch_size`` examples each).
+        search: ``"per-head"`` (the default: an exponent per head, by gradient: :mod:`.head_sharpness`), or an
+            exponent per layer: ``"walk"`` (out from 1 while the score improves) or ``"grid"`` (every exponent);
+            module docstring.
+        steps: Adam steps of ``per-head`` (one batch each: ``batch_size`` examples, cut to at most ``STEP_TOKENS``
+            tokens).
         lr: Adam's learning rate (on log p) of ``per-head``.
         max_examples: how many corpus examples to fit on.
         batch_size: examples per forward pass.
@@ -163,7 +170,7 @@ def sharpen(
             "exponents": {str(layer): _keyed(p) for layer, p in sorted(exponents.items())},
             "search": search,
             **(
-                {"steps": steps, "lr": lr, "batch_size": batch_size, "losses": losses}
+                {"steps": steps, "lr": lr, "batch_size": batch_size, "step_tokens": STEP_TOKENS, "losses": losses}
                 if search == PER_HEAD
                 else {
                     "grid": list(grid),
@@ -188,7 +195,13 @@ def _fit_heads(papa, modules, starts, heads, batches, exponents, steps, lr, prog
     """``per-head``: each constant head's exponent into ``exponents`` (``{layer: {head: p}}``) and ``papa``; the
     loss of each step."""
     fitted, losses = fit_head_exponents(
-        papa, {layer: modules[layer] for layer in starts}, starts, batches, steps=steps, lr=lr, progress=progress
+        papa,
+        {layer: modules[layer] for layer in starts},
+        starts,
+        step_batches(batches, STEP_TOKENS),
+        steps=steps,
+        lr=lr,
+        progress=progress,
     )
     by_layer = heads_by_layer(heads)
     for layer, ps in fitted.items():

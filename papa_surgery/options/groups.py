@@ -63,10 +63,11 @@ class DistillOptions(Checked):
     )
     distill_lr: float = opt("Learning rate (Adam, on log C) for --kind distilled.", 0.01, type=POSITIVE_FLOAT)
     sharpen_search: str = opt(
-        "How --kind sharpened fits its exponents: walk (one per layer, out from 1 while it helps), grid (one per "
-        "layer, every value tried), per-head (one per head, by gradient: 64 steps of one --batch-size batch each; "
-        "measured closer on long documents, fitted in batches of 4 at L=512).",
-        "walk",
+        "How --kind sharpened fits its exponents: per-head (one per head, by gradient: 64 steps of one --batch-size "
+        f"batch each, cut to at most {registry.SHARPEN_STEP_TOKENS:,} tokens), walk (one per layer, out from 1 while "
+        "it helps), grid (one per layer, every value tried). per-head measured at least as close to the source as the "
+        "others.",
+        "per-head",
         type=click.Choice(registry.SHARPEN_SEARCHES),
     )
 
