@@ -82,6 +82,8 @@ _KINDS = (
     Kind("labeled-toeplitz", "the Toeplitz matrix, trained with the probe on the task", LABELED, "toeplitz"),
 )
 KINDS: dict[str, Kind] = {k.name: k for k in _KINDS}
+# What ``convert`` makes when no --kind is given (and no --constants file says its own).
+DEFAULT_CONVERT_KIND = "average"
 # The kinds a converted checkpoint or constants file can hold (the labelled ones exist only inside sweeps).
 CONSTANT_KINDS = tuple(k.name for k in _KINDS if not k.sweeps_only)
 SWEEP_KINDS = tuple(KINDS)
@@ -255,6 +257,30 @@ def check_method(name: str, task=None) -> Method:
 def default_method(task: str | None) -> str:
     """The method used when none is given: the paper's learned ``lambda`` with a task, else ``variance``."""
     return "lambda" if task else "variance"
+
+
+def convert_kind(asked: str | None, file_kind: str | None, path=None) -> tuple[Kind, bool]:
+    """``(kind, fit)``: the kind a checkpoint converted with ``--kind asked`` (``None``: not given) from constants of
+    ``file_kind`` (a ``--constants`` file at ``path``; ``None``: none, so calibrated) holds, and whether its
+    matrices are still to be fitted (a trained kind).
+
+    A file keeps its own kind: ``--kind`` may only repeat it, or name a trained kind fitted from it (``sharpened``
+    from an ``average`` file); anything else is refused (the checkpoint would record a kind its matrices are not).
+    """
+    if file_kind is None:
+        chosen = kind(asked or DEFAULT_CONVERT_KIND)
+        return chosen, chosen.made == TRAINED
+    if asked is None or asked == file_kind:
+        return kind(file_kind, sweeps=True), False
+    chosen = kind(asked)
+    if chosen.made == TRAINED and chosen.starts_from == file_kind:
+        return chosen, True
+    from .failures import ArgumentError, spell
+
+    fix = f"drop {spell('kind')} (the file's kind is used)"
+    if chosen.made == TRAINED:
+        fix += f", or pass a {spell('constants')} file of kind {chosen.starts_from} to fit {asked} constants from"
+    raise ArgumentError("kind", f"the constants file {path or ''} holds {file_kind} constants, not {asked}: {fix}")
 
 
 def check_reads(method_name: str, kind_name: str) -> None:

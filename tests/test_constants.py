@@ -41,3 +41,31 @@ def test_non_finite_variance_is_refused(tmp_path):
     save_file({"values": values, "variance": variance}, str(path), metadata=meta)
     with pytest.raises(ValueError, match=r"c\.safetensors.*NaN"):
         Constants.load(path)
+
+
+def test_a_constants_file_keeps_its_kind_in_the_checkpoint(tiny_folder, corpus, tmp_path):
+    """``convert --constants FILE`` records the file's kind (config, recipe, card), not the --kind default; a --kind
+    the file is not is refused before anything is written, and a trained kind is fitted from an average file."""
+    import json
+
+    source = tiny_folder("bert")
+    files = {kind: tmp_path / f"{kind}.safetensors" for kind in ("toeplitz", "average")}
+    for kind, path in files.items():
+        result = cli("calibrate", source, "--kind", kind, "--corpus", corpus, "--max-length", 16, "--out", path)
+        assert result.exit_code == 0, result.output
+    out = tmp_path / "toeplitz-ckpt"
+    assert cli("convert", source, "--fraction", 1, "--constants", files["toeplitz"], "--out", out).exit_code == 0
+    assert json.loads((out / "config.json").read_text())["papa_kind"] == "toeplitz"
+    assert json.loads((out / "papa_recipe.json").read_text())["kind"] == "toeplitz"
+    assert "toeplitz" in (out / "README.md").read_text().lower()
+    for asked, file in (("average", "toeplitz"), ("sharpened", "toeplitz"), ("identity", "average")):
+        refused = tmp_path / f"refused-{asked}"
+        args = ("--fraction", 1, "--constants", files[file], "--kind", asked, "--out", refused)
+        result = cli("convert", source, *args)
+        assert result.exit_code == 2 and f"holds {file} constants, not {asked}" in result.output, result.output
+        assert "--kind" in result.output and not refused.exists()
+    fitted = tmp_path / "sharpened-ckpt"
+    args = ("--fraction", 1, "--constants", files["average"], "--kind", "sharpened", "--corpus", corpus)
+    assert cli("convert", source, *args, "--out", fitted).exit_code == 0
+    recipe = json.loads((fitted / "papa_recipe.json").read_text())
+    assert recipe["kind"] == "sharpened" and recipe["sharpened"]["from_kind"] == "average"

@@ -75,7 +75,7 @@ def calibrate(ctx, model, **kwargs):
         out.out,
         progress=progress_of(ctx),
         overwrite=out.overwrite,
-        kind=kwargs["kind"],
+        kind=kwargs["kind"] or "average",  # calibrate has no file to take a kind from
         distill=from_kwargs(DistillOptions, kwargs),
         storage=ConvertOptions(  # the storage options only (no conversion: the fraction is unused)
             fraction=0,

@@ -201,7 +201,11 @@ class ConvertOptions(Checked):
         "A constants file from `papa-surgery calibrate` (instead of calibrating).",
         type=click.Path(exists=True, dir_okay=False),
     )
-    kind: str = opt("Constant matrices to use.", "average", type=click.Choice(registry.CONSTANT_KINDS))
+    kind: str | None = opt(
+        f"Constant matrices to use. Default: {registry.DEFAULT_CONVERT_KIND}; with --constants, the file's own kind "
+        "(--kind may name a trained kind to fit from the file's average).",
+        type=click.Choice(registry.CONSTANT_KINDS),
+    )
     dtype: str = opt("Storage dtype of the constants.", "fp32", type=click.Choice(registry.DTYPES))
     storage: str = opt(
         "How constants are stored: dense L x L matrices, or compact (band, special slots, relative-offset profile "

@@ -98,6 +98,7 @@ def run_convert(
     reading = [resolve_model(model_name)]  # --out must not be (or hold, or lie in) the source
     check_output_dir(out, conv.overwrite, reading=reading)
     given = Constants.load(conv.constants) if conv.constants else None
+    kind, fits = registry.convert_kind(conv.kind, given.kind if given else None, conv.constants)  # before loading
     ranking = Ranking.load(rank.ranking) if rank.ranking else None
     if rank.ranking and rank.method:
         raise ArgumentError("ranking", f"pass either {spell('ranking')} FILE or {spell('method')}, not both")
@@ -112,8 +113,7 @@ def run_convert(
         check_max_length(config, given.max_length if given else cal.max_length, model_name)
     if ranking is not None:
         ranking.check_compatible(config)
-    kind = registry.kind(conv.kind)
-    reads_corpus = kind.needs_corpus if given is None else kind.made == registry.TRAINED
+    reads_corpus = kind.needs_corpus if given is None else fits
     # Fraction 0 or 1 makes no head or every head constant, whatever the order: no ranking is made unless asked for
     # (the default variance ranking would calibrate average constants: at L=8,192 that is minutes for nothing).
     every_or_none = ranking is None and rank.method is None and rank.task is None and conv.fraction in (0.0, 1.0)
@@ -129,7 +129,7 @@ def run_convert(
     if given is not None:
         given.check_compatible(flow.model.config, source, model=flow.model)
         constants = given
-    elif kind.made != registry.TRAINED:
+    elif not fits:
         constants = flow.constants(kind.name, **calibration)
     else:
         constants = flow.constants(kind.starts_from, **calibration)
@@ -150,7 +150,7 @@ def run_convert(
         )
     if heads is None:
         heads = ranking.select(conv.fraction)
-    if kind.made == registry.TRAINED:  # distilled for exactly the heads this checkpoint makes constant
+    if fits:  # distilled (or sharpened) for exactly the heads this checkpoint makes constant
         constants = flow.trained(kind.name, constants, heads, corpus, distill)
     papa = flow.convert(
         constants,
