@@ -14,7 +14,7 @@ healing. Each kind at each fraction is measured against the source:
 
 Run: python benchmarks/bench_kinds.py [--model PATH] [--kinds average,sharpened] [--fractions 0.5,1 ('' with
      --documents: the documents only)]
-     [--sentences 872] [--pool 1000] [--mrpc-train N] [--documents] [--search walk|grid|per-head]
+     [--sentences 872] [--pool 1000] [--mrpc-train N] [--documents] [--search per-head|walk|grid]
      [--data ../shared/data] [--threads 2]
      [--save [TAG]]
 """
@@ -32,6 +32,7 @@ from bench_heal import mrpc_pairs, mrpc_scores, sst2_sentences
 from bench_structure_quality import documents
 from provenance import add_save_option, start_record
 
+from papa_surgery.options import DistillOptions
 from papa_surgery.registry import SHARPEN_SEARCHES
 
 
@@ -92,7 +93,9 @@ def main() -> None:
     parser.add_argument("--pool", type=int, default=1000)
     parser.add_argument("--mrpc-train", type=int, default=None, help="MRPC training pairs for the threshold (all)")
     parser.add_argument("--documents", action="store_true", help="also long documents at L=512, fraction 1")
-    parser.add_argument("--search", default="walk", choices=SHARPEN_SEARCHES, help="how sharpened fits")
+    parser.add_argument(
+        "--search", default=DistillOptions().sharpen_search, choices=SHARPEN_SEARCHES, help="how sharpened fits"
+    )
     beside = Path(__file__).resolve().parents[2] / "shared" / "data"  # ../shared/data beside the clone
     parser.add_argument("--data", default=os.environ.get("PAPA_SHARED_DATA", str(beside)))
     parser.add_argument("--threads", type=int, default=2)
@@ -179,10 +182,9 @@ def main() -> None:
             start = time.perf_counter()
             constants = average
             if kind == "sharpened":
-                # per-head takes a step per batch: batches of 4 documents (the walk batches 16 for throughput)
-                size = {"batch_size": 4} if args.search == "per-head" else {}
+                # a per-head step takes at most 2,048 tokens: 4 documents (registry.SHARPEN_STEP_TOKENS)
                 constants = papa_surgery.sharpen(
-                    source, tok, fit, average, heads, max_examples=32, search=args.search, progress=False, **size
+                    source, tok, fit, average, heads, max_examples=32, search=args.search, progress=False
                 )
                 print("  exponents:", _exponents(constants))
             model = papa_surgery.convert(source, constants, "first-to-last", 1.0, tokenizer=tok)

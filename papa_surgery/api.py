@@ -225,7 +225,7 @@ def convert(
         trainable_constants: give the constants gradients.
         source_name: the source's Hub id, for the provenance.
         storage, compact_band, compact_rank: ``"dense"``, ``"compact"`` or ``"auto"`` (dense up to L=128 and for
-            trained kinds, compact above), its band and rank: see :func:`papa_surgery.conversion.surgery.convert`.
+            distilled constants, compact above), its band and rank: see :func:`papa_surgery.conversion.surgery.convert`.
 
     Returns:
         The PAPA model (``Papa<Class>``), in eval mode. ``model.papa_recipe`` holds what :func:`save` writes

@@ -82,8 +82,12 @@ _KINDS = (
     Kind("labeled-toeplitz", "the Toeplitz matrix, trained with the probe on the task", LABELED, "toeplitz"),
 )
 KINDS: dict[str, Kind] = {k.name: k for k in _KINDS}
-# What ``convert`` makes when no --kind is given (and no --constants file says its own).
-DEFAULT_CONVERT_KIND = "average"
+# What ``convert`` makes when no --kind is given (and no --constants file says its own): sharpened constants (the
+# average with an exponent per head fitted to the source) measured closest to the source of every kind (issue 32,
+# docs/kinds-ranking.md); they are fitted as dense (L, L) matrices, so above DEFAULT_KIND_UP_TO slots, where the
+# average calibrates straight into the compact structure, the default is the average.
+DEFAULT_CONVERT_KIND = "sharpened"
+DEFAULT_KIND_UP_TO = 512
 # The kinds a converted checkpoint or constants file can hold (the labelled ones exist only inside sweeps).
 CONSTANT_KINDS = tuple(k.name for k in _KINDS if not k.sweeps_only)
 SWEEP_KINDS = tuple(KINDS)
@@ -182,8 +186,15 @@ SHARPEN_SEARCHES = ("per-head", "walk", "grid")
 # documents at L=512 (all-mpnet-base-v2, bench_kinds-mpnet-documents-per-head.txt) and of 32 sentences padded to ~64.
 SHARPEN_STEP_TOKENS = 2048
 
+# Kinds ``auto`` storage keeps dense at every L. Distilled matrices are trained cell by cell, and no compaction of
+# them was measured. Sharpened ones compact as the average does (the compact rows that would lose their mass drop
+# their residual: calibration.compaction.short_rows): sentence cosine to the source compact / dense, fraction 1,
+# all-mpnet-base-v2 0.422 / 0.415 on long documents at L=512 and 0.711 / 0.712 on sentences at L=384,
+# all-MiniLM-L6-v2 0.756 / 0.756 at L=256 (benchmarks/results/sharpened_compaction.txt).
+DENSE_KINDS = ("distilled",)
+
 STORAGES = {
-    "auto": "dense up to L=128 (and for trained kinds), compact above",
+    "auto": "dense up to L=128 (and for distilled constants), compact above",
     "dense": "an L x L matrix per constant head",
     "compact": "band, special slots, relative-offset profile and a low-rank residual (what the model computes with)",
 }
@@ -259,16 +270,22 @@ def default_method(task: str | None) -> str:
     return "lambda" if task else "variance"
 
 
-def convert_kind(asked: str | None, file_kind: str | None, path=None) -> tuple[Kind, bool]:
+def default_convert_kind(max_length: int | None) -> str:
+    """The kind ``convert`` makes at ``max_length`` slots when none is asked for (``None``: not known yet, the
+    source's own length): ``DEFAULT_CONVERT_KIND`` up to ``DEFAULT_KIND_UP_TO`` slots, the average above."""
+    return DEFAULT_CONVERT_KIND if max_length is None or max_length <= DEFAULT_KIND_UP_TO else "average"
+
+
+def convert_kind(asked: str | None, file_kind: str | None, path=None, max_length=None) -> tuple[Kind, bool]:
     """``(kind, fit)``: the kind a checkpoint converted with ``--kind asked`` (``None``: not given) from constants of
-    ``file_kind`` (a ``--constants`` file at ``path``; ``None``: none, so calibrated) holds, and whether its
-    matrices are still to be fitted (a trained kind).
+    ``file_kind`` (a ``--constants`` file at ``path``; ``None``: none, so calibrated at ``max_length`` slots) holds,
+    and whether its matrices are still to be fitted (a trained kind).
 
     A file keeps its own kind: ``--kind`` may only repeat it, or name a trained kind fitted from it (``sharpened``
     from an ``average`` file); anything else is refused (the checkpoint would record a kind its matrices are not).
     """
     if file_kind is None:
-        chosen = kind(asked or DEFAULT_CONVERT_KIND)
+        chosen = kind(asked or default_convert_kind(max_length))
         return chosen, chosen.made == TRAINED
     if asked is None or asked == file_kind:
         return kind(file_kind, sweeps=True), False

@@ -228,22 +228,36 @@ def test_a_skipped_block_gets_back_the_forward_it_had():
     assert torch.equal(hooked(torch.ones(2)), torch.zeros(2))
 
 
-def test_trained_kinds_are_stored_as_the_dense_matrices_they_were_fitted_as(tiny, average):
-    """Above L=128 ``auto`` stores an average compact; sharpened and distilled constants stay the dense matrices
-    they were fitted as (the compact residual can cancel a sharpened row's mass: inf and NaN on some lengths);
-    ``storage='compact'`` still compacts them when asked."""
+def test_auto_storage_compacts_sharpened_constants_and_keeps_distilled_ones_dense(tiny, average):
+    """Above L=128 ``auto`` stores an average and sharpened constants compact (rows that would lose their mass drop
+    their residual: finite outputs close to the dense model's), distilled ones as the dense matrices they were
+    trained as; ``storage='dense'`` and ``'compact'`` are obeyed for every kind."""
     model, tok = tiny.model("bert"), tiny.tokenizer("bert")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", CoverageWarning)
         long = calibrate(model, tok, _texts()[0], max_length=160, progress=False)
-    raised = sharpen(model, tok, _texts()[0], long, HEADS, grid=(2.0,), search="walk", batch_size=4, progress=False)
-    assert papa_surgery.convert(model, long, "first-to-last", 1.0, tokenizer=tok).config.papa_compact_band == 16
-    for kind in ("sharpened", "distilled"):
-        c = raised if kind == "sharpened" else papa_surgery.Constants(raised.values, kind, 160, False)
-        config = papa_surgery.convert(model, c, "first-to-last", 1.0, tokenizer=tok).config
-        assert config.papa_compact_band is None and config.papa_compact_rank is None, kind
-    asked = papa_surgery.convert(model, raised, "first-to-last", 1.0, tokenizer=tok, storage="compact")
-    assert asked.config.papa_compact_band == 16
+        raised = sharpen(model, tok, _texts()[0], long, HEADS, batch_size=4, progress=False)
+    distilled = papa_surgery.Constants(raised.values, "distilled", 160, False)
+    bands = {}
+    for c in (long, raised, distilled):
+        for storage in ("auto", "dense", "compact"):
+            config = papa_surgery.convert(model, c, "first-to-last", 1.0, tokenizer=tok, storage=storage).config
+            bands[c.kind, storage] = config.papa_compact_band
+    assert bands == {
+        **{(k, "auto"): 16 for k in ("average", "sharpened")},
+        ("distilled", "auto"): None,
+        **{(k, "dense"): None for k in ("average", "sharpened", "distilled")},
+        **{(k, "compact"): 16 for k in ("average", "sharpened", "distilled")},
+    }
+    enc = tok([" ".join(_texts()[0][:6]), "a film"], padding=True, return_tensors="pt")
+    with torch.no_grad():
+        out = {
+            s: papa_surgery.convert(model, raised, "first-to-last", 1.0, tokenizer=tok, storage=s)(**enc)[0]
+            for s in ("auto", "dense")
+        }
+    assert torch.isfinite(out["auto"]).all()
+    close = torch.nn.functional.cosine_similarity(out["auto"], out["dense"], dim=-1)[enc["attention_mask"].bool()]
+    assert close.min() > 0.9, close
 
 
 @pytest.mark.parametrize("model_type", ["bert", "modernbert"])

@@ -218,3 +218,28 @@ def test_each_step_holds_at_most_the_token_budget_and_every_example_once(tiny, a
     assert torch.equal(torch.cat([i["input_ids"] for i, _ in cut]), ids)
     assert torch.equal(torch.cat([t[0] for _, t in cut]), batches[0][1][0])
     assert [len(i["input_ids"]) for i, _ in step_batches(batches, tokens=3)] == [1] * 6  # one example at least
+
+
+def test_convert_without_kind_fits_sharpened_constants_up_to_512_slots_and_averages_above(
+    tiny_folder, corpus, tmp_path
+):
+    """The convert default (``registry.DEFAULT_CONVERT_KIND``): sharpened constants, fitted per head for the heads
+    the checkpoint makes constant, at the source's own length and at an asked one up to 512 slots; the average above,
+    where it calibrates into the compact structure. Each checkpoint says its kind in its config, recipe and card."""
+    assert registry.DEFAULT_CONVERT_KIND == "sharpened" and registry.DEFAULT_KIND_UP_TO == 512
+    short = tiny_folder("bert")
+    long = tiny_folder("modernbert", max_position_embeddings=600)
+    made = {}
+    for name, folder, length in (("own", short, None), ("short", short, L), ("long", long, 600)):
+        out = tmp_path / name
+        args = ("--fraction", "0.5", "--corpus", corpus) + (("--max-length", length) if length else ())
+        result = cli("convert", folder, *args, "--out", out)
+        assert result.exit_code == 0, result.output
+        config = json.loads((out / "config.json").read_text())
+        recipe = json.loads((out / "papa_recipe.json").read_text())
+        assert config["papa_kind"] == recipe["kind"], name
+        assert recipe["kind"] in (out / "README.md").read_text(), name
+        made[name] = (recipe["kind"], config["papa_max_length"], recipe.get("sharpened", {}).get("search"))
+    assert made["own"][0] == made["short"][0] == "sharpened" and made["own"][1] <= 512
+    assert made["own"][2] == made["short"][2] == "per-head"
+    assert made["long"] == ("average", 600, None)

@@ -135,11 +135,8 @@ class Constants(ConstantsBase):
 
         if trainable and storage == "compact":
             raise ValueError("trainable constants are stored dense; drop storage='compact' or trainable_constants")
-        if storage == "auto" and self.kind in TRAINED_KINDS:
-            # Fitted as dense matrices, so stored as they were fitted. Compacted, a sharpened row lost most of its
-            # mass for some input lengths (all-mpnet-base-v2 at L=512: a real token's masked row summed to -117x its
-            # dense sum: NaN); compact_parts now drops such rows' residual, but what was fitted is the dense form.
-            return None
+        if storage == "auto" and self.kind in registry.DENSE_KINDS:
+            return None  # stored as they were trained (registry.DENSE_KINDS says why)
         return None if trainable else layout_for(storage, self.max_length, self.pairs, band, rank, fitted=True)
 
     def layer_constants(self, layer: int, heads) -> torch.Tensor:

@@ -165,8 +165,8 @@ def convert(
         trainable_constants: give the constants gradients (the paper's "labeled" matrices).
         source_name: the source's Hub id, for provenance and the compatibility check.
         storage: ``dense`` (L x L per head), ``compact`` (band, special slots, relative-offset profile and a
-            low-rank residual; ``calibration.compaction``) or ``auto`` (dense up to L=128 and for trained kinds,
-            compact above). The returned model already computes with the compacted matrices, exactly as the
+            low-rank residual; ``calibration.compaction``) or ``auto`` (dense up to L=128 and for distilled
+            constants, compact above). The returned model already computes with the compacted matrices, exactly as the
             checkpoint will.
         compact_band, compact_rank: the compact layout's band half-width and residual rank (defaults 16, 16).
 

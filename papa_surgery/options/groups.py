@@ -202,15 +202,16 @@ class ConvertOptions(Checked):
         type=click.Path(exists=True, dir_okay=False),
     )
     kind: str | None = opt(
-        f"Constant matrices to use. Default: {registry.DEFAULT_CONVERT_KIND}; with --constants, the file's own kind "
-        "(--kind may name a trained kind to fit from the file's average).",
+        f"Constant matrices to use. Default for convert: {registry.DEFAULT_CONVERT_KIND} (measured closest to the "
+        f"source) up to L={registry.DEFAULT_KIND_UP_TO}, average above; for calibrate: average; with --constants: "
+        "the file's own kind (--kind may name a trained kind to fit from the file's average).",
         type=click.Choice(registry.CONSTANT_KINDS),
     )
     dtype: str = opt("Storage dtype of the constants.", "fp32", type=click.Choice(registry.DTYPES))
     storage: str = opt(
         "How constants are stored: dense L x L matrices, or compact (band, special slots, relative-offset profile "
         "and a low-rank residual; what the model computes with, exactly). auto: dense up to L=128 (and for "
-        "sharpened and distilled constants), compact above. Calibration streams straight into the compact form (no "
+        "distilled constants), compact above. Calibration streams straight into the compact form (no "
         "L x L sums per head) with compact, and with auto above L=512.",
         "auto",
         type=click.Choice(tuple(registry.STORAGES)),

@@ -98,7 +98,8 @@ def run_convert(
     reading = [resolve_model(model_name)]  # --out must not be (or hold, or lie in) the source
     check_output_dir(out, conv.overwrite, reading=reading)
     given = Constants.load(conv.constants) if conv.constants else None
-    kind, fits = registry.convert_kind(conv.kind, given.kind if given else None, conv.constants)  # before loading
+    file_kind = given.kind if given else None
+    kind, fits = registry.convert_kind(conv.kind, file_kind, conv.constants, cal.max_length)  # before loading
     ranking = Ranking.load(rank.ranking) if rank.ranking else None
     if rank.ranking and rank.method:
         raise ArgumentError("ranking", f"pass either {spell('ranking')} FILE or {spell('method')}, not both")
@@ -125,6 +126,8 @@ def run_convert(
     preflight_ranking(rank)
     flow = _workflow(model_name, run, source, progress)
     check_pairs_fit(flow.tokenizer, flow.slots(cal.max_length), cal.pairs and corpus is not None)
+    if conv.kind is None and given is None:  # the default, now that the source's own length is known
+        kind, fits = registry.convert_kind(None, None, max_length=flow.slots(cal.max_length))
     calibration = _calibration(cal, corpus, conv)
     if given is not None:
         given.check_compatible(flow.model.config, source, model=flow.model)
