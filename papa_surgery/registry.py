@@ -190,7 +190,8 @@ SHARPEN_STEP_TOKENS = 2048
 # them was measured. Sharpened ones compact as the average does (the compact rows that would lose their mass drop
 # their residual: calibration.compaction.short_rows): sentence cosine to the source compact / dense, fraction 1,
 # all-mpnet-base-v2 0.422 / 0.415 on long documents at L=512 and 0.711 / 0.712 on sentences at L=384,
-# all-MiniLM-L6-v2 0.756 / 0.756 at L=256 (benchmarks/results/sharpened_compaction.txt).
+# all-MiniLM-L6-v2 0.756 / 0.756 at L=256; fitted per layer (walk), MPNet documents 0.399 / 0.399
+# (benchmarks/results/sharpened_compaction.txt).
 DENSE_KINDS = ("distilled",)
 
 STORAGES = {
