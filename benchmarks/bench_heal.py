@@ -17,7 +17,8 @@ measured on text of other sources, against the source model:
 
 Made models are saved under ``--work`` and reused by a rerun (delete the folder to remake them).
 
-``--start sharpened`` heals from the sharpened constants (``papa_surgery.sharpen``, fitted to each fraction's heads)
+``--start sharpened`` heals from the sharpened constants (``papa_surgery.sharpen`` per layer by the walk, as the
+record was measured; fitted to each fraction's heads)
 instead of the average, with a sharpened row in place of the distilled one.
 
 Run: python benchmarks/bench_heal.py [--data ../shared/data] [--steps N] [--fractions 0.5,1] [--modes lora,full]
@@ -196,7 +197,7 @@ def main() -> None:
             return converted(distill(model, tok, corpus, average, heads, progress=False, **options), "distilled")
 
         def sharpened():
-            return converted(sharpen(model, tok, corpus, average, heads, progress=False), "sharpened")
+            return converted(sharpen(model, tok, corpus, average, heads, search="walk", progress=False), "sharpened")
 
         papa, seconds = made(f"average-{fraction:g}", lambda: converted(average, "average"))
         out = [measure("average", fraction, papa, calibration + seconds)]

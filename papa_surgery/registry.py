@@ -87,7 +87,6 @@ KINDS: dict[str, Kind] = {k.name: k for k in _KINDS}
 # docs/kinds-ranking.md); they are fitted as dense (L, L) matrices, so above DEFAULT_KIND_UP_TO slots, where the
 # average calibrates straight into the compact structure, the default is the average.
 DEFAULT_CONVERT_KIND = "sharpened"
-DEFAULT_KIND_UP_TO = 512
 # The kinds a converted checkpoint or constants file can hold (the labelled ones exist only inside sweeps).
 CONSTANT_KINDS = tuple(k.name for k in _KINDS if not k.sweeps_only)
 SWEEP_KINDS = tuple(KINDS)
@@ -182,8 +181,9 @@ HEAL_OBJECTIVES = ("auto", "layers", "last", "embedding", "layers+embedding", "l
 # default: papa_surgery.healing.head_sharpness), or one per layer, walking out from 1 or trying every grid value.
 SHARPEN_SEARCHES = ("per-head", "walk", "grid")
 # Tokens (examples x padded length) in one per-head step's batch at most: a step runs forward and backward through
-# every layer, so its activations follow the tokens, not the examples. 2,048 is what was measured: batches of 4
-# documents at L=512 (all-mpnet-base-v2, bench_kinds-mpnet-documents-per-head.txt) and of 32 sentences padded to ~64.
+# every layer, so its activations follow the tokens, not the examples. 2,048 is what was measured on documents:
+# batches of 4 at L=512 (all-mpnet-base-v2, bench_kinds-mpnet-documents-per-head.txt); sentences were fitted in
+# batches of 16 (sharpen's default), within it.
 SHARPEN_STEP_TOKENS = 2048
 
 # Kinds ``auto`` storage keeps dense at every L. Distilled matrices are trained cell by cell, and no compaction of
@@ -203,6 +203,7 @@ DENSE_UP_TO = 128  # ``auto`` storage: dense up to this many slots, compact abov
 # ``auto`` storage calibrates with dense fp64 sums (layers x heads x L^2 x 16 bytes: 0.6 GB for BERT-base at 512,
 # 2.4 GB at 1,024, 155 GB at 8,192) up to this many slots, straight into the compact structure above.
 DENSE_CALIBRATION_UP_TO = 512
+DEFAULT_KIND_UP_TO = DENSE_CALIBRATION_UP_TO  # convert's default kind: DEFAULT_CONVERT_KIND up to here, average above
 DTYPES = ("fp32", "fp16", "bf16")
 
 # The format version of each kind of file papa-surgery writes besides checkpoints (whose format the shipped code

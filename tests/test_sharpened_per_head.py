@@ -9,6 +9,7 @@ loads in a fresh process and computes what the in-memory model computes.
 from __future__ import annotations
 
 import json
+import shutil
 import warnings
 
 import pytest
@@ -230,7 +231,12 @@ def test_convert_without_kind_fits_sharpened_constants_up_to_512_slots_and_avera
     short = tiny_folder("bert")
     long = tiny_folder("modernbert", max_position_embeddings=600)
     made = {}
-    for name, folder, length in (("own", short, None), ("short", short, L), ("long", long, 600)):
+    own_long = tmp_path / "own-long-source"  # a source whose own length is 600: its tokenizer says so
+    shutil.copytree(long, own_long)
+    settings = json.loads((own_long / "tokenizer_config.json").read_text())
+    (own_long / "tokenizer_config.json").write_text(json.dumps({**settings, "model_max_length": 600}))
+    cases = (("own", short, None), ("short", short, L), ("long", long, 600), ("own-long", own_long, None))
+    for name, folder, length in cases:
         out = tmp_path / name
         args = ("--fraction", "0.5", "--corpus", corpus) + (("--max-length", length) if length else ())
         result = cli("convert", folder, *args, "--out", out)
@@ -243,3 +249,23 @@ def test_convert_without_kind_fits_sharpened_constants_up_to_512_slots_and_avera
     assert made["own"][0] == made["short"][0] == "sharpened" and made["own"][1] <= 512
     assert made["own"][2] == made["short"][2] == "per-head"
     assert made["long"] == ("average", 600, None)
+    assert made["own-long"] == ("average", 600, None)  # the source's own length, known once it has loaded
+
+
+def test_float16_storage_warns_when_a_short_inputs_row_would_underflow_to_zeros(tiny, average):
+    """A sharpened row whose mass on a short input's slots is all below float16's range is empty there once stored in
+    float16: convert warns with the fix (bf16 or fp32); bf16, fp32 and an fp16 row that keeps its mass stay quiet."""
+    model, tok = tiny.model("bert"), tiny.tokenizer("bert")
+    values = average.values.clone()
+    values[0, 1, 2] = 1e-9  # row 2 of layer 0's head 1: nothing float16 keeps ...
+    values[0, 1, 2, 5] = 1.0  # ... until column 5: empty for inputs of 3 to 5 tokens
+    c = papa_surgery.Constants(values, "sharpened", L, False)
+    with pytest.warns(UserWarning, match=r"^1 rows of these sharpened constants underflow to zeros in float16.*bf16"):
+        papa_surgery.convert(model, c, "first-to-last", 1.0, tokenizer=tok, dtype="float16")
+    values[0, 1, 2, 0] = 1e-3  # the first slot keeps some mass: nothing is lost
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        papa_surgery.convert(model, c, "first-to-last", 1.0, tokenizer=tok, dtype="float16")
+        papa_surgery.convert(model, average, "first-to-last", 1.0, tokenizer=tok, dtype="float16")
+        values[0, 1, 2, 0] = 1e-9
+        papa_surgery.convert(model, c, "first-to-last", 1.0, tokenizer=tok, dtype="bfloat16")

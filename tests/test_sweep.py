@@ -309,6 +309,13 @@ def test_probe_sweeps_the_sharpened_kind_with_the_search_asked_for(tiny_folder, 
     assert searched == {"per-head": {"per-head"}, "walk": {"walk"}}
     again = cli("probe", source, *common, "--out", tmp_path / "walk.jsonl")  # per-head on walk's rows
     assert again.exit_code != 0 and "--sharpen-search walk" in again.output, again.output
+    old = tmp_path / "walk.jsonl"  # rows written before they recorded the search (the walk was the default then)
+    rows = [json.loads(line) for line in old.read_text().splitlines()]
+    for row in rows:
+        del row["options"]["sharpen_search"]
+    old.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    again = cli("probe", source, *common, "--fractions", "0.5", "--out", old)
+    assert again.exit_code != 0 and "--sharpen-search walk" in again.output, again.output
     with pytest.raises(ValueError, match="sharpen_search: must be one of per-head, walk, grid"):
         config(source, data_dir, kinds=("sharpened",), sharpen_search="best").validate()
 

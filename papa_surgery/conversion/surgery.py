@@ -184,6 +184,7 @@ def convert(
     constants = constants.fill()  # files written before filling existed still have empty cells
     heads = normalize_heads(heads, num_layers, num_heads)
     store = resolve_dtype(dtype)
+    warn_float16_underflow(constants, heads, store)
     if trainable_constants or storage == "dense":  # (L, L) matrices asked for: compact parts rebuilt (short L only)
         constants = constants.to_dense()
     layout = constants.conversion_layout(storage, trainable_constants, compact_band, compact_rank)
@@ -212,6 +213,31 @@ def convert(
     config.architectures = [type(papa).__name__]
     config.auto_map = auto_map(family)
     return papa
+
+
+def warn_float16_underflow(constants: ConstantsBase, heads, store: torch.dtype) -> None:
+    """A warning when float16 storage empties rows of ``heads``' dense matrices for short inputs.
+
+    Why: float16 keeps nothing below 6e-8. A row raised to a large power (the sharpened kind: exponents up to 13)
+    can hold all its mass for a short input's slots in such values (row i of an input of n > i tokens reads columns
+    0..n-1): stored in float16 it is empty there, and the head then contributes nothing for that token. bfloat16
+    and float32 keep those values."""
+    if store != torch.float16 or not hasattr(constants, "values"):
+        return
+    lost = 0
+    for layer, hs in heads_by_layer(heads).items():
+        kept = constants.values[layer, sorted(hs)].to(torch.float16) > 0  # (Hc, L, L)
+        length = kept.shape[-1]
+        first = torch.where(kept.any(-1), kept.int().argmax(-1), length)  # (Hc, L): first column kept in each row
+        lost += int((first > torch.arange(length)).sum())  # row i is empty for inputs of i + 1 .. first tokens
+    if lost:
+        import warnings
+
+        warnings.warn(
+            f"{lost} rows of these {getattr(constants, 'kind', '')} constants underflow to zeros in float16 for short "
+            "inputs (the head then contributes nothing for those tokens): store them in bf16 or fp32 (dtype)",
+            stacklevel=3,
+        )
 
 
 def rebuild_papa_model(papa, *, trainable_constants: bool = False, storage: str = "auto", dtype=None, compact=None):

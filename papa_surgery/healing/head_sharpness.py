@@ -78,7 +78,7 @@ def fit_head_exponents(papa, modules: dict, starts: dict, batches, *, steps: int
     if steps < len(batches):
         warnings.warn(
             f"per-head sharpness: {steps} steps visit {steps} of the {len(batches)} batches of the fitting text (the "
-            "longest examples are left out); raise steps or the batch size",
+            "longest examples are left out); fit on fewer or shorter examples, or raise steps",
             stacklevel=3,
         )
     losses = []

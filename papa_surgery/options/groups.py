@@ -63,8 +63,8 @@ class DistillOptions(Checked):
     )
     distill_lr: float = opt("Learning rate (Adam, on log C) for --kind distilled.", 0.01, type=POSITIVE_FLOAT)
     sharpen_search: str = opt(
-        "How --kind sharpened fits its exponents: per-head (one per head, by gradient: 64 steps of one --batch-size "
-        f"batch each, cut to at most {registry.SHARPEN_STEP_TOKENS:,} tokens), walk (one per layer, out from 1 while "
+        "How --kind sharpened fits its exponents: per-head (one per head, by gradient: 64 steps of one batch each, "
+        f"cut to at most {registry.SHARPEN_STEP_TOKENS:,} tokens), walk (one per layer, out from 1 while "
         "it helps), grid (one per layer, every value tried). per-head measured at least as close to the source as the "
         "others.",
         "per-head",

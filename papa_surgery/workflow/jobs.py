@@ -134,8 +134,9 @@ def run_convert(
         constants = given
     elif not fits:
         constants = flow.constants(kind.name, **calibration)
-    else:
-        constants = flow.constants(kind.starts_from, **calibration)
+    else:  # fitted as dense matrices: from the dense average, whatever the checkpoint's storage
+        dense = {**calibration, "storage": "dense", "compact_band": None, "compact_rank": None}
+        constants = flow.constants(kind.starts_from, **dense)
     heads = None
     if every_or_none:
         layers, per_layer = flow.shape
