@@ -32,8 +32,7 @@ from bench_heal import mrpc_pairs, mrpc_scores, sst2_sentences
 from bench_structure_quality import documents
 from provenance import add_save_option, start_record
 
-from papa_surgery.options import DistillOptions
-from papa_surgery.registry import SHARPEN_SEARCHES
+from papa_surgery.registry import DEFAULT_SHARPEN_SEARCH, SHARPEN_SEARCHES
 
 
 @torch.no_grad()
@@ -93,9 +92,7 @@ def main() -> None:
     parser.add_argument("--pool", type=int, default=1000)
     parser.add_argument("--mrpc-train", type=int, default=None, help="MRPC training pairs for the threshold (all)")
     parser.add_argument("--documents", action="store_true", help="also long documents at L=512, fraction 1")
-    parser.add_argument(
-        "--search", default=DistillOptions().sharpen_search, choices=SHARPEN_SEARCHES, help="how sharpened fits"
-    )
+    parser.add_argument("--search", default=DEFAULT_SHARPEN_SEARCH, choices=SHARPEN_SEARCHES, help="how sharpened fits")
     beside = Path(__file__).resolve().parents[2] / "shared" / "data"  # ../shared/data beside the clone
     parser.add_argument("--data", default=os.environ.get("PAPA_SHARED_DATA", str(beside)))
     parser.add_argument("--threads", type=int, default=2)

@@ -180,6 +180,7 @@ HEAL_OBJECTIVES = ("auto", "layers", "last", "embedding", "layers+embedding", "l
 # How the sharpened kind fits its exponents (papa_surgery.healing.sharpness): one per head by gradient (the
 # default: papa_surgery.healing.head_sharpness), or one per layer, walking out from 1 or trying every grid value.
 SHARPEN_SEARCHES = ("per-head", "walk", "grid")
+DEFAULT_SHARPEN_SEARCH = "per-head"  # sharpen(), --sharpen-search and sweeps: measured at least the walk's equal
 # Tokens (examples x padded length) in one per-head step's batch at most: a step runs forward and backward through
 # every layer, so its activations follow the tokens, not the examples. 2,048 is what was measured on documents:
 # batches of 4 at L=512 (all-mpnet-base-v2, bench_kinds-mpnet-documents-per-head.txt); sentences were fitted in

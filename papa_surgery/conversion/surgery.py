@@ -6,6 +6,8 @@ The in-memory PAPA model is the class a checkpoint loads (``PapaBertModel`` ...)
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 
 from .. import __version__
@@ -231,8 +233,6 @@ def warn_float16_underflow(constants: ConstantsBase, heads, store: torch.dtype) 
         first = torch.where(kept.any(-1), kept.int().argmax(-1), length)  # (Hc, L): first column kept in each row
         lost += int((first > torch.arange(length)).sum())  # row i is empty for inputs of i + 1 .. first tokens
     if lost:
-        import warnings
-
         warnings.warn(
             f"{lost} rows of these {getattr(constants, 'kind', '')} constants underflow to zeros in float16 for short "
             "inputs (the head then contributes nothing for those tokens): store them in bf16 or fp32 (dtype)",

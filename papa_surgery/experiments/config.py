@@ -93,10 +93,8 @@ class SweepConfig:
 
     @property
     def resolved_sharpen_search(self) -> str:
-        """The ``sharpened`` kind's search: the one given, else the command line's default."""
-        from ..options import DistillOptions
-
-        return self.sharpen_search or DistillOptions().sharpen_search
+        """The ``sharpened`` kind's search: the one given, else the default (``registry.DEFAULT_SHARPEN_SEARCH``)."""
+        return self.sharpen_search or registry.DEFAULT_SHARPEN_SEARCH
 
     @property
     def seed_list(self) -> tuple[int, ...]:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from ..failures import spell
 from ..outputs.overwrite import RESULT_FIELDS
+from ..registry import split_healed
 
 logger = logging.getLogger("papa_surgery")
 
@@ -111,7 +112,7 @@ def check_options(rows: list[dict], cell: Cell, options: dict, path) -> None:
         recorded = row.get("options")
         if not isinstance(recorded, dict):
             continue  # written before rows recorded their options: cannot be compared
-        if str(row.get("kind", "")).split("+")[0] == "sharpened" and "sharpen_search" not in recorded:
+        if split_healed(str(row.get("kind", "")))[0] == "sharpened" and "sharpen_search" not in recorded:
             recorded = {**recorded, "sharpen_search": "walk"}  # fitted before rows recorded it: the default was walk
         for name, value in options.items():
             if name in recorded and recorded[name] != value:

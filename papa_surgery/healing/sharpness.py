@@ -45,7 +45,7 @@ from ..calibration.encoding import encode, model_inputs
 from ..calibration.passes import borrow
 from ..conversion.surgery import convert, normalize_heads
 from ..hub_code.modeling_papa import attention_modules, heads_by_layer
-from ..registry import SHARPEN_SEARCHES
+from ..registry import DEFAULT_SHARPEN_SEARCH, SHARPEN_SEARCHES
 from .head_sharpness import STEP_TOKENS, fit_head_exponents, step_batches
 from .objective import hidden_error
 from .trainable import layer_modules
@@ -88,7 +88,7 @@ def sharpen(
     heads,
     *,
     grid: tuple[float, ...] = GRID,
-    search: str = PER_HEAD,
+    search: str = DEFAULT_SHARPEN_SEARCH,
     steps: int = 64,
     lr: float = 0.05,
     max_examples: int = 128,

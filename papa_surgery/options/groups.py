@@ -67,7 +67,7 @@ class DistillOptions(Checked):
         f"cut to at most {registry.SHARPEN_STEP_TOKENS:,} tokens), walk (one per layer, out from 1 while "
         "it helps), grid (one per layer, every value tried). per-head measured at least as close to the source as the "
         "others.",
-        "per-head",
+        registry.DEFAULT_SHARPEN_SEARCH,
         type=click.Choice(registry.SHARPEN_SEARCHES),
     )
 
