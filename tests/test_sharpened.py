@@ -216,13 +216,13 @@ def test_skipping_the_fitted_layers_scores_what_the_whole_model_scores(tiny, mod
 def test_a_skipped_block_gets_back_the_forward_it_had():
     """Skipping sets an instance ``forward`` for the duration; one already there (accelerate's offload hooks wrap
     ``forward`` so) is put back, and a block without one gets its class's again."""
-    from papa_surgery.healing.sharpness import _skipped
+    from papa_surgery.healing.blocks import skipped
 
     plain, hooked = torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)
     wrapper = hooked.forward  # a bound method kept as an instance attribute, as a hook would
     hooked.forward = lambda x: wrapper(x) * 0
     own = hooked.forward
-    with _skipped([plain, hooked], "kept"):
+    with skipped([plain, hooked], "kept"):
         assert plain(torch.ones(2)) == "kept" and hooked(torch.ones(2)) == "kept"
     assert "forward" not in plain.__dict__ and hooked.forward is own
     assert torch.equal(hooked(torch.ones(2)), torch.zeros(2))

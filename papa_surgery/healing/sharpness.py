@@ -35,8 +35,6 @@ n. The fitting text is batched by length, so a batch is padded to about its own 
 
 from __future__ import annotations
 
-from contextlib import contextmanager
-
 import torch
 
 from ..calibration.constants import Constants
@@ -46,6 +44,7 @@ from ..calibration.passes import borrow
 from ..conversion.surgery import convert, normalize_heads
 from ..hub_code.modeling_papa import attention_modules, heads_by_layer
 from ..registry import DEFAULT_SHARPEN_SEARCH, SHARPEN_SEARCHES
+from .blocks import recording, skipped
 from .head_sharpness import STEP_TOKENS, fit_head_exponents, step_batches
 from .objective import hidden_error
 from .trainable import layer_modules
@@ -223,7 +222,7 @@ def _fit_layers(papa, modules, starts, batches, grid, search, exponents, trials,
 
         def score(p: float, layer=layer, below=below, kept=kept) -> float:
             _set(modules[layer], starts[layer], p)
-            with _recording(blocks[layer]) as returned:
+            with recording(blocks[layer]) as returned:
                 value = _objective(papa, batches, first=layer + 1, skip=(blocks[:layer], below))
             if not kept or _ranked(value, p) < kept[0][0]:
                 kept[:] = [(_ranked(value, p), returned)]
@@ -304,42 +303,13 @@ def _objective(papa, batches, first: int = 1, skip=((), None)) -> float:
     blocks, returned = skip
     total, count = 0.0, 0
     for b, (inputs, targets) in enumerate(batches):
-        with _skipped(blocks, returned[b] if blocks else None):
+        with skipped(blocks, returned[b] if blocks else None):
             outputs = papa(**inputs, output_hidden_states=True).hidden_states
         # hidden_error skips index 0 of what it is given: hand it the states from first - 1 on
         loss = hidden_error(outputs[first - 1 :], targets[first - 1 :], inputs["attention_mask"], "layers")
         count += len(targets[0])
         total += float(loss) * len(targets[0])
     return total / count
-
-
-@contextmanager
-def _skipped(blocks, returned):
-    """``blocks`` not run: each returns ``returned`` (the model still runs its embeddings and the blocks above)."""
-    # an instance attribute over the class's forward; one already there (accelerate's offload hooks put theirs
-    # there) is put back after
-    saved = [block.__dict__.get("forward") for block in blocks]
-    for block in blocks:
-        block.forward = lambda *args, **kwargs: returned
-    try:
-        yield
-    finally:
-        for block, before in zip(blocks, saved, strict=True):
-            if before is None:
-                del block.forward
-            else:
-                block.forward = before
-
-
-@contextmanager
-def _recording(block):
-    """A list that gets what ``block`` returns on each forward pass inside the ``with``."""
-    returned: list = []
-    handle = block.register_forward_hook(lambda module, args, output: returned.append(output))
-    try:
-        yield returned
-    finally:
-        handle.remove()
 
 
 @torch.no_grad()
@@ -351,8 +321,8 @@ def _returned_by(papa, blocks, batches, k: int, known) -> list | None:
     if known is not None and known[0] == k:
         return known[1]
     j, below = known if known is not None else (-1, None)
-    with _recording(blocks[k]) as returned:
+    with recording(blocks[k]) as returned:
         for b, (inputs, _) in enumerate(batches):
-            with _skipped(blocks[: j + 1], below[b] if below else None):
+            with skipped(blocks[: j + 1], below[b] if below else None):
                 papa(**inputs)
     return returned
