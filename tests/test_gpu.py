@@ -51,7 +51,7 @@ def _source_runs_in_bf16(tiny, model_type, tmp_path) -> bool:
     return True
 
 
-def _checkpoint(tiny, model_type, tmp_path, fraction, storage):
+def _checkpoint(tiny, model_type, tmp_path, fraction, storage, kind="average"):
     try:  # a GPU machine's image may hold an older transformers than the one CI tests
         FAMILIES[model_type].check_transformers()
     except ImportError as error:
@@ -59,6 +59,9 @@ def _checkpoint(tiny, model_type, tmp_path, fraction, storage):
     model, tok = tiny.model(model_type), tiny.tokenizer(model_type)
     calibrate_options, convert_options = STORAGES[storage]
     constants = papa_surgery.calibrate(model, tok, SENTENCES * 3, max_length=L, progress=False, **calibrate_options)
+    if kind == "sharpened":  # convert's default kind: an exponent per head fitted to the source (on the CPU)
+        heads = papa_surgery.rank("first-to-last", model, tok, constants=constants).select(fraction)
+        constants = papa_surgery.sharpen(model, tok, SENTENCES * 3, constants, heads, steps=8, progress=False)
     papa = papa_surgery.convert(model, constants, "first-to-last", fraction, tokenizer=tok, **convert_options)
     return papa_surgery.save(papa, tmp_path / "ckpt", tokenizer=tok, card=False), model, tok
 
@@ -80,6 +83,21 @@ def test_the_checkpoint_on_cuda_computes_what_it_computes_on_the_cpu(tiny, model
     assert torch.isfinite(got).all()
     cosine = torch.nn.functional.cosine_similarity(got[real], cpu[real], dim=-1)  # (tokens,)
     assert cosine.min() > 0.98, (model_type, storage, cosine.min())
+
+
+@pytest.mark.parametrize("storage", ["dense", "compact"])
+@pytest.mark.parametrize("model_type", ["bert", "modernbert"])
+def test_sharpened_constants_on_cuda_compute_what_they_compute_on_the_cpu(tiny, model_type, storage, tmp_path):
+    """convert's default kind (sharpened per head), dense and compact, at fraction 1: CUDA in fp32 is the CPU, bf16
+    stays near it."""
+    folder, _, tok = _checkpoint(tiny, model_type, tmp_path, 1.0, storage, kind="sharpened")
+    cpu = _hidden(AutoModel.from_pretrained(folder, trust_remote_code=True).eval(), _inputs(tok, "cpu"))
+    on_cuda = AutoModel.from_pretrained(folder, trust_remote_code=True).to("cuda").eval()
+    assert torch.allclose(_hidden(on_cuda, _inputs(tok, "cuda")), cpu, atol=1e-4, rtol=1e-4)
+    half = AutoModel.from_pretrained(folder, trust_remote_code=True, dtype=torch.bfloat16).to("cuda").eval()
+    got, real = _hidden(half, _inputs(tok, "cuda")), _inputs(tok, "cpu")["attention_mask"].bool()
+    assert torch.isfinite(got).all()
+    assert torch.nn.functional.cosine_similarity(got[real], cpu[real], dim=-1).min() > 0.98
 
 
 @pytest.mark.parametrize("model_type", FAMILY_TYPES)
