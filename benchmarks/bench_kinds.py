@@ -1,8 +1,9 @@
 """Constants that fit the input (issue 32): how close each kind leaves a real embedding model to its source.
 
 With the defaults a user types: no ``--max-length`` (the source's own length: 256 for all-MiniLM-L6-v2, 384 for
-all-mpnet-base-v2), the default corpus (offline: the bundled WikiText-2 excerpt), heads ranked by variance, no
-healing. Each kind at each fraction is measured against the source:
+all-mpnet-base-v2), the default corpus (offline: the bundled WikiText-2 excerpt), heads ranked by variance (or by
+each of ``--methods``, e.g. variance,sensitivity, measured on that corpus), no healing. Each kind at each fraction is
+measured against the source:
 
 - on held-out short sentences (SST-2 dev): **sentence cos** (the sentence-transformers embeddings), **token cos**
   (last hidden states per real token), **per-layer token cos** (every layer's hidden states), **within** (mean
@@ -14,7 +15,8 @@ healing. Each kind at each fraction is measured against the source:
 
 Run: python benchmarks/bench_kinds.py [--model PATH] [--kinds average,sharpened] [--fractions 0.5,1 ('' with
      --documents: the documents only)]
-     [--sentences 872] [--pool 1000] [--mrpc-train N] [--documents] [--search per-head|walk|grid]
+     [--methods variance,sensitivity] [--sentences 872] [--pool 1000] [--mrpc-train N] [--documents]
+     [--search per-head|walk|grid]
      [--data ../shared/data] [--threads 2]
      [--save [TAG]]
 """
@@ -88,6 +90,7 @@ def main() -> None:
     parser.add_argument("--model", default=None, help="a local sentence-transformers folder (default: MiniLM)")
     parser.add_argument("--kinds", default="average,sharpened")
     parser.add_argument("--fractions", default="0.5,1")
+    parser.add_argument("--methods", default="variance", help="rankings to compare (e.g. variance,sensitivity)")
     parser.add_argument("--sentences", type=int, default=872)
     parser.add_argument("--pool", type=int, default=1000)
     parser.add_argument("--mrpc-train", type=int, default=None, help="MRPC training pairs for the threshold (all)")
@@ -126,8 +129,8 @@ def main() -> None:
     def embed_with(model, length):
         return lambda texts: embeddings(model, tok, texts, length, pipeline)[0]
 
-    def report(setting, kind, fraction, model, texts, length, seconds, extra=True):
-        row = {"setting": setting, "kind": kind, "fraction": fraction, "seconds": round(seconds, 1)}
+    def report(setting, kind, fraction, model, texts, length, seconds, extra=True, method="variance"):
+        row = {"setting": setting, "kind": kind, "method": method, "fraction": fraction, "seconds": round(seconds, 1)}
         row.update(measure(model, source, tok, texts, length, pipeline))
         if extra:
             row["top10"] = neighbour_overlap(embed_with(source, length)(pool), embed_with(model, length)(pool))
@@ -135,7 +138,8 @@ def main() -> None:
         record.add(row)
         more = f" top-10 {row['top10']:.3f} MRPC {row['mrpc_acc']:.3f}/{row['mrpc_f1']:.3f}" if extra else ""
         print(
-            f"{setting:10} {kind:10} {fraction:4} sent {row['sentence_cos']:.4f} token {row['token_cos']:.4f} "
+            f"{setting:10} {kind:10} {method:11} {fraction:4} sent {row['sentence_cos']:.4f} "
+            f"token {row['token_cos']:.4f} "
             f"within {row['within']:.3f} (source {row['within_source']:.3f}){more} {row['seconds']:.0f} s\n"
             f"{'':10} per layer {row['per_layer']}",
             flush=True,
@@ -148,24 +152,32 @@ def main() -> None:
         seconds = time.perf_counter() - start
         length = average.max_length
         print(f"sentences: {len(dev)} of SST-2 dev at L={length} (the source's own); corpus: {corpus.description}")
-        ranking = papa_surgery.rank("variance", constants=average)
+        rankings = {}
+        for method in args.methods.split(","):
+            start = time.perf_counter()
+            rankings[method] = papa_surgery.rank(method, source, tok, constants=average, corpus=corpus, progress=False)
+            print(f"ranking {method}: {time.perf_counter() - start:.0f} s", flush=True)
         base = {"top10": 1.0}
         base["mrpc_acc"], base["mrpc_f1"] = mrpc_scores(embed_with(source, length), *mrpc)
         print(f"source MRPC {base['mrpc_acc']:.3f}/{base['mrpc_f1']:.3f}; calibration {seconds:.0f} s")
         for fraction in fractions:
-            heads = ranking.select(fraction)
-            for kind in kinds:
-                start = time.perf_counter()
-                constants = average
-                if kind == "sharpened":
-                    constants = papa_surgery.sharpen(
-                        source, tok, corpus, average, heads, search=args.search, progress=False
-                    )
-                    print("  exponents:", _exponents(constants))
-                elif kind != "average":
-                    constants = papa_surgery.calibrate(source, tok, corpus, kind=kind, progress=False)
-                model = papa_surgery.convert(source, constants, ranking, fraction, tokenizer=tok)
-                report("sentences", kind, fraction, model, dev, length, time.perf_counter() - start)
+            for method, ranking in rankings.items():
+                if fraction == 1 and method != next(iter(rankings)):
+                    continue  # every head: the same model whatever the order
+                heads = ranking.select(fraction)
+                for kind in kinds:
+                    start = time.perf_counter()
+                    constants = average
+                    if kind == "sharpened":
+                        constants = papa_surgery.sharpen(
+                            source, tok, corpus, average, heads, search=args.search, progress=False
+                        )
+                        print("  exponents:", _exponents(constants))
+                    elif kind != "average":
+                        constants = papa_surgery.calibrate(source, tok, corpus, kind=kind, progress=False)
+                    model = papa_surgery.convert(source, constants, ranking, fraction, tokenizer=tok)
+                    took = time.perf_counter() - start
+                    report("sentences", kind, fraction, model, dev, length, took, method=method)
     if args.documents:
         docs = documents()
         cut = int(len(docs) * 0.8)

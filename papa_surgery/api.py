@@ -151,17 +151,20 @@ def rank(
 
     ``variance``, ``norm``, ``first-to-last``, ``last-to-first`` and ``random`` need only ``constants`` (their
     shape is the model's); ``lambda`` and ``reversed-lambda`` train the paper's lambdas (3.2) on ``task`` and
-    need the model and tokenizer too.
+    need the model and tokenizer too; ``sensitivity`` makes each head constant alone and measures how far the
+    sentence embeddings move on ``corpus`` (label-free; the model, tokenizer and average constants).
 
     Args:
-        method: one of ``lambda``, ``reversed-lambda``, ``variance``, ``norm``, ``first-to-last``,
-            ``last-to-first``, ``random``.
+        method: one of ``lambda``, ``reversed-lambda``, ``variance``, ``norm``, ``sensitivity``,
+            ``first-to-last``, ``last-to-first``, ``random``.
         model, tokenizer: the source model and its tokenizer (never changed).
         constants: ``Constants`` or ``StructuredConstants`` of this model, or the path of a constants file.
         task, data_dir: the labelled task the lambdas learn on, and a local data folder (default: the Hub).
         seed: the ``random`` permutation's seed; the lambda probe's seed.
-        **options: lambda training options (steps, epochs, lr, lambda_lr, batch_size, max_train_examples,
-            device, progress; see :class:`papa_surgery.ranking.lambdas.LambdaOptions`).
+        **options: ``corpus`` (what ``sensitivity`` measures on: anything ``calibrate`` reads; default: the default
+            corpus) and ``max_examples`` (its first examples: 32); lambda training options (steps, epochs, lr,
+            lambda_lr, batch_size, max_train_examples, device, progress; see
+            :class:`papa_surgery.ranking.lambdas.LambdaOptions`).
 
     Raises:
         FileNotFoundError: ``constants`` names a file that does not exist.
@@ -171,9 +174,11 @@ def rank(
     chosen = registry.check_method(method, task)
     constants = None if constants is None else _constants(constants, chosen.name)
     if model is None:
-        if chosen.task:
+        if chosen.task or chosen.corpus:
             raise ArgumentError(
-                "model", f"the {method!r} ranking trains on the model: pass the model and its tokenizer"
+                "model",
+                f"the {method!r} ranking {'trains on' if chosen.task else 'runs'} the model: pass the model and its "
+                "tokenizer",
             )
         if constants is None:
             raise ArgumentError(
@@ -183,7 +188,7 @@ def rank(
 
         return label_free_ranking(method, constants=constants, seed=seed)
     _model(model)
-    _tokenizer(tokenizer, required=chosen.task)
+    _tokenizer(tokenizer, required=chosen.task or chosen.corpus)
     if chosen.constants is not None and constants is None:
         raise ArgumentError(
             "constants",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -98,10 +99,18 @@ def test_calibration_options_with_constants_are_not_silently_ignored(source, cor
         "convert", source, "--fraction", 0.5, "--constants", consts, "--max-length", 32, "--out", tmp_path / "o"
     )
     assert result.exit_code == 2 and "--max-length" in result.output and "16" in result.output
+    for unused in (("--method", "variance"), ("--fraction", 1)):  # nothing reads the corpus
+        args = ("--fraction", 0.5, "--constants", consts, "--corpus", corpus, *unused, "--out", tmp_path / "o")
+        result = cli("convert", source, *args)
+        assert result.exit_code == 2 and "--corpus" in result.output, unused
+    assert not (tmp_path / "o").exists()
+    # convert's default ranking (sensitivity) runs the model on the corpus: it is read, not refused
     result = cli(
-        "convert", source, "--fraction", 0.5, "--constants", consts, "--corpus", corpus, "--out", tmp_path / "o"
+        "convert", source, "--fraction", 0.5, "--constants", consts, "--corpus", corpus, "--out", tmp_path / "read"
     )
-    assert result.exit_code == 2 and "--corpus" in result.output
+    assert result.exit_code == 0, result.output
+    ranking = json.loads((tmp_path / "read" / "papa_recipe.json").read_text())["ranking"]
+    assert ranking["method"] == "sensitivity" and corpus.name in ranking["provenance"]["corpus"]
     result = cli(
         "convert", source, "--fraction", 0.5, "--constants", consts, "--max-length", 16, "--out", tmp_path / "o"
     )

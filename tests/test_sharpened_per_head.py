@@ -269,3 +269,45 @@ def test_float16_storage_warns_when_a_short_inputs_row_would_underflow_to_zeros(
         papa_surgery.convert(model, average, "first-to-last", 1.0, tokenizer=tok, dtype="float16")
         values[0, 1, 2, 0] = 1e-9
         papa_surgery.convert(model, c, "first-to-last", 1.0, tokenizer=tok, dtype="bfloat16")
+
+
+def test_an_option_of_another_kind_is_refused_not_ignored(tiny_folder, corpus, tmp_path, calibrations):
+    """``--sharpen-search`` (or a ``--distill-*`` option) where the constants made are of another kind would do
+    nothing: refused with exit 2, naming the kind and the fix, before any calibration when the kind is known before
+    the model loads; after it loads where the default kind depends on the source's length (above 512: the average)."""
+    import dataclasses
+
+    from papa_surgery.options import DistillOptions
+    from papa_surgery.options.kind_options import KIND_OPTIONS
+
+    tuned = {name for names in KIND_OPTIONS.values() for name in names}
+    assert tuned == {f.name for f in dataclasses.fields(DistillOptions)}  # every option the CLI passes is known
+    short, long = tiny_folder("bert"), tiny_folder("modernbert", max_position_embeddings=600)
+    average = tmp_path / "average.safetensors"
+    assert cli("calibrate", short, "--corpus", corpus, "--max-length", 16, "--out", average).exit_code == 0
+    made = papa_surgery.Constants.load(average)
+    sharpened = tmp_path / "sharpened.safetensors"
+    papa_surgery.Constants(made.values, "sharpened", made.max_length, False, made.counts, made.variance).save(sharpened)
+    calibrations.calls = 0
+    cases = (
+        (short, ("--kind", "average", "--sharpen-search", "walk"), "tunes sharpened constants, and these are average"),
+        (short, ("--constants", sharpened, "--sharpen-search", "walk"), "already holds sharpened constants"),
+        (short, ("--kind", "sharpened", "--distill-steps", 5), "tunes distilled constants, and these are sharpened"),
+        (short, ("--constants", average, "--sharpen-search", "walk"), "add --kind sharpened"),
+        (long, ("--max-length", 600, "--sharpen-search", "walk"), "these are average (the default kind at L=600)"),
+    )
+    for folder, args, expected in cases:
+        out = tmp_path / "out"
+        rest = () if "--constants" in args else ("--corpus", corpus)
+        result = cli("convert", folder, "--fraction", 0.5, *rest, *args, "--out", out)
+        assert result.exit_code == 2, result.output
+        assert expected in " ".join(result.output.split()), result.output
+        assert not out.exists()
+    result = cli("calibrate", short, "--corpus", corpus, "--distill-lr", 0.1, "--out", tmp_path / "c.safetensors")
+    assert result.exit_code == 2 and "tunes distilled constants, and these are average" in result.output
+    assert calibrations.calls == 0
+    result = cli(
+        "convert", short, "--fraction", 0.5, "--corpus", corpus, "--sharpen-search", "walk", "--out", tmp_path / "ok"
+    )
+    assert result.exit_code == 0, result.output  # the default kind at L=16 is sharpened: the search is used
+    assert json.loads((tmp_path / "ok" / "papa_recipe.json").read_text())["sharpened"]["search"] == "walk"

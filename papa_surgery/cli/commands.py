@@ -6,6 +6,8 @@ call of :mod:`papa_surgery.workflow.jobs`, imported when the command runs so ``-
 
 from __future__ import annotations
 
+import dataclasses
+
 import click
 
 from .. import registry
@@ -29,6 +31,25 @@ from .context import given, progress_of, verbosity
 from .recorded import command_line
 
 
+def _tuning(ctx) -> tuple[str, ...]:
+    """The options that tune one kind (``DistillOptions``) the user set: refused for constants of another kind."""
+    return tuple(f.name for f in dataclasses.fields(DistillOptions) if given(ctx, f.name))
+
+
+def _ranks_on_text(ctx) -> bool:
+    """Whether this ``rank`` or ``convert`` makes a ranking that runs the model on the corpus (``sensitivity``:
+    asked for, or ``convert``'s default where it ranks at all: not with --ranking, nor at fraction 0 or 1)."""
+    p = ctx.params
+    if p.get("ranking"):
+        return False
+    name = p.get("method")
+    if name is None and ctx.info_name == "convert":
+        if p.get("task") is None and p.get("fraction") in (0.0, 1.0):
+            return False  # every head or none: no ranking is made
+        name = registry.default_convert_method(p.get("task"))
+    return name is not None and registry.method(name).corpus
+
+
 def _refuse_calibration_with_constants(ctx, constants_file: str | None) -> None:
     """With --constants the calibration options do nothing: refuse them rather than silently ignore them."""
     if not constants_file:
@@ -42,9 +63,10 @@ def _refuse_calibration_with_constants(ctx, constants_file: str | None) -> None:
             f"{constants_file}; drop --max-length (the constants fix L) or calibrate again with it",
             param_hint="'--max-length'",
         )
+    reads = ctx.params.get("kind") in registry.TRAINED_KINDS or ctx.params.get("heal_steps") or _ranks_on_text(ctx)
     for name in ("corpus", "pairs", "max_examples"):
-        if name != "pairs" and (ctx.params.get("kind") in registry.TRAINED_KINDS or ctx.params.get("heal_steps")):
-            continue  # distilling or healing reads a corpus
+        if name != "pairs" and reads:
+            continue  # distilling, healing or a ranking measured on text reads a corpus
         if given(ctx, name):
             flag = "--" + name.replace("_", "-")
             raise click.BadParameter(
@@ -65,8 +87,10 @@ def _refuse_calibration_with_constants(ctx, constants_file: str | None) -> None:
 @scale_out
 def calibrate(ctx, model, **kwargs):
     """Average every head's attention over an unlabelled corpus (paper 3.1), or make another kind of constants."""
+    from ..options.kind_options import check_kind_options
     from ..workflow.jobs import run_calibrate
 
+    check_kind_options(kwargs["kind"] or "average", _tuning(ctx), fitted=True)
     out = from_kwargs(FileOutputOptions, kwargs)
     path = run_calibrate(
         model,
@@ -149,6 +173,7 @@ def convert(ctx, model, do_push, **kwargs):
         progress=progress_of(ctx),
         distill=from_kwargs(DistillOptions, kwargs),
         heal=optional_group(HealOptions, kwargs, "heal", "steps"),
+        tuning=_tuning(ctx),
     )
     d = describe(out) if is_main_process() else {}
     click.echo(f"wrote {out} ({d.get('num_constant_heads', '?')} of {d.get('num_heads_total', '?')} heads constant)")

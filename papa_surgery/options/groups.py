@@ -143,7 +143,10 @@ class RankOptions(Checked):
     """How heads are ordered for replacement (paper 3.2, 5.4)."""
 
     method: str | None = opt(
-        "Head ranking method (default: lambda with --task, else variance).", None, type=click.Choice(registry.METHODS)
+        "Head ranking method (default: lambda with --task; else, for convert, sensitivity: each head made constant "
+        "alone on the corpus, those that move the sentence embeddings least first; for rank, variance).",
+        None,
+        type=click.Choice(registry.METHODS),
     )
     ranking: str | None = opt(
         "A ranking JSON file from `papa-surgery rank` (instead of --method).",
@@ -185,6 +188,12 @@ class RankOptions(Checked):
     def resolved_method(self) -> str:
         """The method this request runs: the given one, or the registry's default for the task."""
         return self.method or registry.default_method(self.task)
+
+    @property
+    def convert_method(self) -> str:
+        """The method ``convert`` runs: the given one, or the registry's default for converting (``sensitivity``
+        without a task)."""
+        return self.method or registry.default_convert_method(self.task)
 
 
 @dataclass(frozen=True)

@@ -54,7 +54,7 @@ def label_free_ranking(
     constants: Constants | None = None,
     seed: int = 0,
 ) -> Ranking:
-    """A ranking that needs no labels: variance, norm, first-to-last, last-to-first, random.
+    """A ranking that needs no labels and no model: variance, norm, first-to-last, last-to-first, random.
 
     The model shape comes from ``constants`` when ``num_layers`` / ``num_heads`` are not given.
 
@@ -66,6 +66,8 @@ def label_free_ranking(
         return norm_ranking(constants)
     if registry.method(method).task:
         raise ValueError(f"the {method!r} ranking is learned on a labelled task: rank with the model and a task")
+    if registry.method(method).corpus:
+        raise ValueError(f"the {method!r} ranking runs the model over a corpus: rank with the model and its tokenizer")
     if constants is not None:
         num_layers = constants.num_layers if num_layers is None else num_layers
         num_heads = constants.num_heads if num_heads is None else num_heads
@@ -103,6 +105,7 @@ def rank_heads(
     task=None,
     data_dir=None,
     seed: int = 0,
+    corpus=None,
     **lambda_options,
 ) -> Ranking:
     """Rank every head of ``model`` with ``method`` (the library call behind ``papa-surgery rank``).
@@ -115,6 +118,7 @@ def rank_heads(
             ``reversed-lambda``; ``norm`` reads ``norm-average`` constants.
         task, data_dir: the labelled probe task (and local data folder) the lambdas are trained on.
         seed: the ``random`` permutation's seed; the lambda probe's seed.
+        corpus: the unlabelled text ``sensitivity`` measures on (default: the default calibration corpus).
         **lambda_options: fields of :class:`papa_surgery.ranking.lambdas.LambdaOptions` (steps, epochs, lr,
             lambda_lr, batch_size, max_train_examples, device, progress) and ``source_name``; the label-free
             methods ignore them (``source_name`` aside), so a caller may pass the same options to every method.
@@ -130,6 +134,8 @@ def rank_heads(
     source_name = lambda_options.pop("source_name", None) or getattr(model.config, "_name_or_path", None) or None
     if constants is not None:
         constants.check_compatible(model.config)
+    if chosen.corpus:
+        return _measured_ranking(chosen, model, tokenizer, constants, corpus, source_name, lambda_options)
     if not chosen.task:  # lambda_options (steps, device, progress...) do not apply: ignored
         ranking = label_free_ranking(method, num_layers, num_heads, constants=constants, seed=seed)
         prov = ranking.provenance
@@ -152,3 +158,26 @@ def rank_heads(
         model, tokenizer, constants, task, data_dir, seed=seed, source_name=source_name, **lambda_options
     )
     return reversed_ranking(ranking) if method == "reversed-lambda" else ranking
+
+
+def _measured_ranking(chosen, model, tokenizer, constants, corpus, source_name, options: dict) -> Ranking:
+    """``sensitivity``: measured on ``model`` over ``corpus`` with the constants it would convert with."""
+    if constants is None:
+        raise ArgumentError(
+            "constants",
+            f"the {chosen.name!r} ranking makes each head constant with its {chosen.constants} matrix: pass "
+            f"{spell('constants')} (make them with papa-surgery calibrate)",
+        )
+    registry.check_reads(chosen.name, constants.kind)
+    if tokenizer is None:
+        raise ArgumentError("tokenizer", f"the {chosen.name!r} ranking runs the model on text: pass its tokenizer")
+    from ..calibration.corpus import default_corpus
+    from .sensitivity import sensitivity_ranking
+
+    known = {k: options[k] for k in ("max_examples", "batch_size", "device", "progress") if options.get(k) is not None}
+    if corpus is None and constants.pairs:
+        raise ArgumentError(
+            "corpus", f"these constants are calibrated on sentence pairs: pass {spell('corpus')} with pairs to rank on"
+        )
+    corpus = default_corpus() if corpus is None else corpus
+    return sensitivity_ranking(model, tokenizer, corpus, constants, source_name=source_name, **known)

@@ -25,6 +25,7 @@ from ..options import (
     RunOptions,
     spell,
 )
+from ..options.kind_options import check_kind_options
 from .preflight import (
     check_max_length,
     check_output_file,
@@ -83,10 +84,12 @@ def run_convert(
     progress: bool = True,
     distill: DistillOptions | None = None,
     heal: HealOptions | None = None,
+    tuning: tuple[str, ...] = (),
 ) -> Path:
     """``papa-surgery convert``: calibrate (or read constants), rank, convert, heal (with ``heal``), write the
     checkpoint (and push).
 
+    ``tuning``: the ``distill`` options the user set (refused where the kind made is not theirs).
     Returns the checkpoint folder.
     """
     from ..calibration.constants import Constants
@@ -100,6 +103,8 @@ def run_convert(
     given = Constants.load(conv.constants) if conv.constants else None
     file_kind = given.kind if given else None
     kind, fits = registry.convert_kind(conv.kind, file_kind, conv.constants, cal.max_length)  # before loading
+    if conv.kind is not None or given is not None:  # the kind is known before the model loads
+        check_kind_options(kind.name, tuning, fits)
     ranking = Ranking.load(rank.ranking) if rank.ranking else None
     if rank.ranking and rank.method:
         raise ArgumentError("ranking", f"pass either {spell('ranking')} FILE or {spell('method')}, not both")
@@ -118,16 +123,19 @@ def run_convert(
     # Fraction 0 or 1 makes no head or every head constant, whatever the order: no ranking is made unless asked for
     # (the default variance ranking would calibrate average constants: at L=8,192 that is minutes for nothing).
     every_or_none = ranking is None and rank.method is None and rank.task is None and conv.fraction in (0.0, 1.0)
-    method = None if ranking or every_or_none else registry.method(rank.resolved_method)
-    if method is not None and given is None and method.constants is not None:
-        reads_corpus = True  # the ranking calibrates what it reads
+    method = None if ranking or every_or_none else registry.method(rank.convert_method)
+    if method is not None and ((given is None and method.constants is not None) or method.corpus):
+        reads_corpus = True  # the ranking calibrates what it reads, or runs the model on the corpus
     reads_corpus = reads_corpus or heal is not None  # healing trains on the calibration corpus
     corpus = open_corpus(cal.corpus, pairs=cal.pairs, max_examples=cal.max_examples) if reads_corpus else None
     preflight_ranking(rank)
     flow = _workflow(model_name, run, source, progress)
     check_pairs_fit(flow.tokenizer, flow.slots(cal.max_length), cal.pairs and corpus is not None)
+    why = ""
     if conv.kind is None and given is None:  # the default, now that the source's own length is known
         kind, fits = registry.convert_kind(None, None, max_length=flow.slots(cal.max_length))
+        why = f" (the default kind at L={flow.slots(cal.max_length)})"
+    check_kind_options(kind.name, tuning, fits, why)
     calibration = _calibration(cal, corpus, conv)
     if given is not None:
         given.check_compatible(flow.model.config, source, model=flow.model)
@@ -143,7 +151,7 @@ def run_convert(
         heads = [[layer, h] for layer in range(layers) for h in range(per_layer)] if conv.fraction else []
     elif ranking is None:
         ranking = flow.ranking(
-            rank.method,
+            method.name,
             task=rank.task,
             data_dir=rank.data_dir,
             constants=constants,

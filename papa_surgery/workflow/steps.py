@@ -240,22 +240,28 @@ class Workflow:
             return reversed_ranking(base)
         if chosen.constants is not None and (constants is None or not constants.serves(chosen.name)):
             constants = self.constants(chosen.constants, **(calibration or {}))  # what the method reads
+        corpus = lambda_options.pop("corpus", None)
+        if chosen.corpus:  # measured on text: the one given, else the calibration's, else the default corpus
+            pairs, cal = constants is not None and constants.pairs, calibration or {}
+            given = corpus if corpus is not None else cal.get("corpus")
+            corpus = open_corpus(given, pairs=pairs, max_examples=cal.get("max_examples"))
         key = (
             chosen.name,
             task if chosen.task else None,
             None if chosen.constants is None else constants.key(),
             seed if chosen.seeded else None,
-            tuple(sorted(lambda_options.items())) if chosen.task else None,
+            tuple(sorted(lambda_options.items())) if chosen.task or chosen.corpus else None,
+            corpus_key(corpus) if chosen.corpus else None,
         )
         return self.cache.fetch(
-            "ranking", key, lambda: self._rank(chosen.name, constants, task, data_dir, seed, lambda_options)
+            "ranking", key, lambda: self._rank(chosen.name, constants, task, data_dir, seed, corpus, lambda_options)
         )
 
-    def _rank(self, method: str, constants, task, data_dir, seed: int, lambda_options: dict):
+    def _rank(self, method: str, constants, task, data_dir, seed: int, corpus, lambda_options: dict):
         from ..ranking.methods import rank_heads
 
         options = dict(lambda_options)  # batch size, epochs, lr: the task's App. B values unless given
-        if registry.method(method).task:
+        if registry.method(method).task or registry.method(method).corpus:
             options.setdefault("device", self.run.device)
             options.setdefault("progress", self.progress)
         return rank_heads(
@@ -267,6 +273,7 @@ class Workflow:
             data_dir=data_dir,
             seed=seed,
             source_name=self.source,
+            corpus=corpus,
             **options,
         )
 

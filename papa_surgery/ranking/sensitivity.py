@@ -1,0 +1,149 @@
+"""The ``sensitivity`` ranking: each head made constant alone, measured on the source over an unlabelled corpus.
+
+A head's score is how far making it (and no other) constant moves the model's sentence embeddings on the corpus's
+first ``max_examples`` examples: the mean of ``1 - cos(pooled_papa, pooled_source)``, the embeddings mean-pooled
+over the real tokens of the last hidden states. Heads that move them least are made constant first. Label-free,
+like ``variance``; where ``variance`` asks how much a head's attention varies, this asks what replacing it costs the
+output, which is what a user of the converted model reads (issue 32: all-MiniLM-L6-v2 at fraction 0.5 on SST-2 dev,
+sentence cosine to the source 0.959 against variance's 0.916; docs/kinds-ranking.md).
+
+One head at a time runs on the lambda-mixed model (:func:`papa_surgery.ranking.lambdas.lambda_model`: every head
+mixes its attention with its constant matrix): lambda 0 for the measured head, 1 for every other, so no model is
+converted or copied per head. That equals converting the one head (tested against ``convert``). The layers below
+the measured head's are the source's, so what they return is kept and they are not run again: a model of n layers
+costs about (n + 1) / 2 forward passes over the examples per head.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .. import __version__
+from ..calibration.budget import check_dense_fits
+from ..calibration.corpus import load_corpus
+from ..calibration.encoding import encode, model_inputs
+from ..calibration.passes import borrow
+from ..calibration.protocol import ConstantsBase as Constants
+from ..failures import spell
+from ..healing.agreement import mean_pooled
+from ..healing.blocks import recording, skipped
+from ..healing.trainable import layer_modules
+from ..models.loading import public_name
+from .lambdas import lambda_model, set_lambda_logits
+from .order import Ranking, order_by_scores
+
+SCORE = "mean 1 - cos(mean-pooled last hidden states, the source's) over the corpus, the head alone constant"
+# all-mpnet-base-v2: 32 WikiText lines gave the order measured in docs/kinds-ranking.md (all-MiniLM-L6-v2 measured
+# with 32 and 64); each head costs a pass over them, so more examples cost as many more passes per head.
+DEFAULT_EXAMPLES = 32
+# Bytes per (layer, head, i, j) cell while measuring: the dense copy of the constants, the mixed model's float32
+# buffer and its masked, row-normalised matrix in a forward pass.
+MIXED_BYTES = 16
+# A logit this large is a lambda of exactly 1 in float32 (and 4e-18 at its negative): the head attends as the
+# source's, or with its constant matrix alone.
+_SATURATED = 40.0
+
+
+@torch.no_grad()
+def sensitivity_scores(
+    model,
+    tokenizer,
+    corpus,
+    constants: Constants,
+    *,
+    max_examples: int = DEFAULT_EXAMPLES,
+    batch_size: int = 16,
+    device=None,
+    progress: bool = True,
+) -> tuple[torch.Tensor, dict]:
+    """(layers, heads) score of each head made constant alone (module docstring), and what it was measured on.
+
+    Args:
+        model: the source model (never changed).
+        tokenizer: its tokenizer.
+        corpus: unlabelled text (anything :func:`papa_surgery.calibration.load_corpus` accepts); its first
+            ``max_examples`` examples are measured on.
+        constants: the constants the heads would be made constant with (usually the ``average``).
+        batch_size: examples per forward pass.
+        device: where to run (default: the model's device).
+        progress: a progress bar over the heads.
+
+    Raises:
+        ValueError: the corpus gives no example, or ``max_examples`` is not a positive integer.
+    """
+    from tqdm.auto import tqdm
+
+    if isinstance(max_examples, bool) or not isinstance(max_examples, int) or max_examples < 1:
+        raise ValueError(f"max_examples: must be a positive integer, got {max_examples!r}")
+    corpus = load_corpus(corpus, pairs=constants.pairs, max_examples=max_examples)
+    examples = sorted(corpus, key=lambda e: len(e) if isinstance(e, str) else sum(map(len, e)))  # batch by length
+    if not examples:
+        raise ValueError(f"the corpus {corpus.description} gave no examples to measure the heads on")
+    layers, heads = constants.num_layers, constants.num_heads
+    check_dense_fits(
+        "the sensitivity ranking (it mixes every head with its dense constant matrix)",
+        layers * heads,
+        int(constants.max_length),
+        MIXED_BYTES,
+        f"rank with {spell('method', 'variance')} (it reads the compact constants), or at a smaller max_length",
+    )
+    device, restore = borrow(model, device)
+    try:
+        mixed = lambda_model(model, constants, tokenizer).to(device)
+        set_lambda_logits(mixed, _SATURATED)  # every head as the source's
+        blocks = layer_modules(mixed)
+        batches = []  # [(inputs, mask, the source's (B, D) sentence embeddings)]
+        for start in range(0, len(examples), batch_size):
+            enc = encode(tokenizer, examples[start : start + batch_size], constants.max_length, pairs=constants.pairs)
+            inputs = {k: v.to(device) for k, v in model_inputs(model, enc).items()}
+            mask = inputs["attention_mask"]
+            batches.append((inputs, mask, mean_pooled(model(**inputs).last_hidden_state.float(), mask)))
+        scores = torch.zeros(layers, heads)
+        bar = tqdm(total=layers * heads, desc="sensitivity", unit="head", disable=not progress)
+        below = None  # what block layer - 1 returns on each batch, every head as the source's
+        for layer in range(layers):
+            for head in range(heads):
+                logits = torch.full((layers, heads), _SATURATED)
+                logits[layer, head] = -_SATURATED  # this head attends with its constant matrix, every other as before
+                set_lambda_logits(mixed, logits)
+                scores[layer, head] = _moved(mixed, batches, blocks[:layer], below) / len(examples)
+                bar.update()
+            set_lambda_logits(mixed, _SATURATED)
+            with recording(blocks[layer]) as returned:  # the layers below the next one need not run again
+                for b, (inputs, _, _) in enumerate(batches):
+                    with skipped(blocks[:layer], below[b] if below else None):
+                        mixed(**inputs)
+            below = returned
+        bar.close()
+    finally:
+        restore()
+    meta = {"corpus": corpus.description, "examples": len(examples), "max_length": int(constants.max_length)}
+    return scores, meta
+
+
+def _moved(mixed, batches, below_blocks, below) -> float:
+    """Sum over the examples of ``1 - cos`` between ``mixed``'s sentence embeddings and the source's, the blocks
+    ``below_blocks`` skipped (returning ``below[b]`` on batch ``b``)."""
+    moved = 0.0
+    for b, (inputs, mask, reference) in enumerate(batches):
+        with skipped(below_blocks, below[b] if below else None):
+            pooled = mean_pooled(mixed(**inputs).last_hidden_state.float(), mask)  # (B, D)
+        moved += float((1 - torch.nn.functional.cosine_similarity(pooled, reference, dim=-1)).sum())
+    return moved
+
+
+def sensitivity_ranking(model, tokenizer, corpus, constants: Constants, *, source_name=None, **options) -> Ranking:
+    """Ranking ``sensitivity``: the heads whose replacement alone moves the sentence embeddings least come first.
+
+    ``options``: :func:`sensitivity_scores`' (max_examples, batch_size, device, progress).
+    """
+    scores, meta = sensitivity_scores(model, tokenizer, corpus, constants, **options)
+    order, ordered = order_by_scores(scores.tolist(), ascending=True)
+    prov = {
+        "papa_surgery_version": __version__,
+        "score": SCORE,
+        "constants_kind": constants.kind,
+        **meta,
+        "source_model": public_name(source_name or getattr(model.config, "_name_or_path", None) or None),
+    }
+    return Ranking("sensitivity", order, constants.num_layers, constants.num_heads, ordered, prov)

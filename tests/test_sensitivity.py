@@ -1,0 +1,94 @@
+"""The ``sensitivity`` ranking (issue 32): each head made constant alone, scored by how far the sentence embeddings
+move on an unlabelled corpus, least first.
+
+What it must be: each head's score is what converting that head alone does (the fast path, the lambda-mixed model
+run from the head's layer up, against ``convert``); the order is the scores' ascending; the source is untouched; it
+is reachable from the API, ``rank`` and ``convert`` on the command line (the recipe names it) and refuses what it
+cannot do, naming the fix.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from conftest import FAMILY_TYPES, SENTENCES, cli
+
+import papa_surgery
+from papa_surgery.calibration.encoding import encode, model_inputs
+from papa_surgery.healing.agreement import mean_pooled
+from papa_surgery.ranking.order import Ranking
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+L = 32
+
+
+@torch.no_grad()
+def _moved_by_converting(model, tok, constants, head, texts) -> float:
+    """The reference: mean 1 - cos of mean-pooled last hidden states, ``head`` alone made constant by ``convert``."""
+    others = [[la, h] for la in range(constants.num_layers) for h in range(constants.num_heads) if [la, h] != head]
+    order = Ranking("manual", [head, *others], constants.num_layers, constants.num_heads)
+    papa = papa_surgery.convert(model, constants, order, 1 / order.total, tokenizer=tok, storage="dense").eval()
+    enc = encode(tok, texts, constants.max_length, pairs=False)
+    inputs = model_inputs(model, enc)
+    mask = inputs["attention_mask"]
+    ours = mean_pooled(papa(**inputs).last_hidden_state.float(), mask)
+    theirs = mean_pooled(model(**inputs).last_hidden_state.float(), mask)
+    return float((1 - torch.nn.functional.cosine_similarity(ours, theirs, dim=-1)).mean())
+
+
+@pytest.mark.parametrize("model_type", ["bert", "modernbert"] if "modernbert" in FAMILY_TYPES else ["bert"])
+def test_each_heads_score_is_what_converting_that_head_alone_does(tiny, model_type):
+    model, tok = tiny.model(model_type), tiny.tokenizer(model_type)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    average = papa_surgery.calibrate(model, tok, SENTENCES * 3, max_length=L, progress=False)
+    ranking = papa_surgery.rank(
+        "sensitivity", model, tok, constants=average, corpus=SENTENCES, batch_size=3, progress=False
+    )
+    assert ranking.method == "sensitivity" and ranking.total == average.num_layers * average.num_heads
+    assert ranking.scores == sorted(ranking.scores) and len(set(ranking.scores)) > 1
+    assert ranking.provenance["examples"] == len(SENTENCES) and ranking.provenance["constants_kind"] == "average"
+    scored = {tuple(head): score for head, score in zip(ranking.order, ranking.scores, strict=True)}
+    last = average.num_layers - 1
+    for head in ([0, 0], [0, average.num_heads - 1], [last // 2, 1], [last, 0], [last, average.num_heads - 1]):
+        expected = _moved_by_converting(model, tok, average, head, SENTENCES)
+        assert scored[tuple(head)] == pytest.approx(expected, rel=1e-3, abs=1e-6), head
+    assert all(torch.equal(v, model.state_dict()[k]) for k, v in before.items())  # the source untouched
+
+
+def test_the_api_refuses_what_the_ranking_cannot_do(tiny):
+    model, tok = tiny.model("bert"), tiny.tokenizer("bert")
+    average = papa_surgery.calibrate(model, tok, SENTENCES, max_length=L, progress=False)
+    with pytest.raises(ValueError, match="runs the model: pass the model and its tokenizer"):
+        papa_surgery.rank("sensitivity", constants=average)
+    assert papa_surgery.rank("sensitivity", model, tok, constants=average, corpus=SENTENCES, progress=False).total
+    toeplitz = papa_surgery.calibrate(model, tok, kind="toeplitz", max_length=L, progress=False)
+    with pytest.raises(ValueError, match="reads average constants"):
+        papa_surgery.rank("sensitivity", model, tok, constants=toeplitz, corpus=SENTENCES)
+    with pytest.raises(TypeError, match="tokenizer"):
+        papa_surgery.rank("sensitivity", model, constants=average, corpus=SENTENCES)
+
+
+def test_rank_and_convert_on_the_command_line(source, corpus, tmp_path):
+    out = tmp_path / "sensitivity.json"
+    result = cli("rank", source, "--method", "sensitivity", "--corpus", corpus, "--max-length", 16, "--out", out)
+    assert result.exit_code == 0, result.output
+    ranking = Ranking.load(out)
+    assert ranking.method == "sensitivity" and ranking.provenance["examples"] == 12
+    assert ranking.provenance["corpus"] and ranking.scores == sorted(ranking.scores)
+    ckpt = tmp_path / "ckpt"
+    result = cli(
+        "convert", source, "--fraction", 0.5, "--kind", "average", "--method", "sensitivity", "--corpus", corpus,
+        "--max-length", 16, "--out", ckpt,
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    config = json.loads((ckpt / "config.json").read_text())
+    assert config["papa_method"] == "sensitivity"
+    assert sorted(map(tuple, config["papa_constant_heads"])) == sorted(map(tuple, ranking.select(0.5)))
+    # with calibrated constants the corpus is still read (the ranking runs the model on it), so it is not refused
+    consts, again = tmp_path / "c.safetensors", tmp_path / "again.json"
+    assert cli("calibrate", source, "--corpus", corpus, "--max-length", 16, "--out", consts).exit_code == 0
+    result = cli("rank", source, "--method", "sensitivity", "--constants", consts, "--corpus", corpus, "--out", again)
+    assert result.exit_code == 0, result.output
+    assert Ranking.load(again).order == ranking.order
