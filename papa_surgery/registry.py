@@ -285,13 +285,20 @@ def default_method(task: str | None) -> str:
 # What ``convert`` ranks by when no --method, --ranking or --task is given: the heads whose replacement alone moves
 # the sentence embeddings least go first, measured on the calibration corpus. Of the label-free methods it leaves a
 # converted model closest to its source (issue 32, docs/kinds-ranking.md: all-MiniLM-L6-v2 at fraction 0.5, 0.96
-# against variance's 0.92; all-mpnet-base-v2 0.91 against 0.85); ``rank`` and the sweeps keep ``variance``.
+# against variance's 0.92; all-mpnet-base-v2 0.91 against 0.85). It mixes every head with a dense (L, L) matrix, so
+# above DEFAULT_KIND_UP_TO slots (and for constants of sentence pairs, which it would need a corpus of pairs for) the
+# default is ``variance``, as it is for the sweeps.
 DEFAULT_CONVERT_METHOD = "sensitivity"
 
 
-def default_convert_method(task: str | None) -> str:
-    """The method ``convert`` uses when none is given: ``lambda`` with a task, else ``DEFAULT_CONVERT_METHOD``."""
-    return "lambda" if task else DEFAULT_CONVERT_METHOD
+def default_convert_method(task: str | None, max_length: int | None = None, pairs: bool = False) -> str:
+    """The method ``convert`` uses when none is given: ``lambda`` with a task, else ``DEFAULT_CONVERT_METHOD`` up to
+    ``DEFAULT_KIND_UP_TO`` slots for single sentences (``max_length`` ``None``: not known yet), ``variance`` beyond."""
+    if task:
+        return "lambda"
+    if pairs or (max_length is not None and max_length > DEFAULT_KIND_UP_TO):
+        return "variance"
+    return DEFAULT_CONVERT_METHOD
 
 
 def default_convert_kind(max_length: int | None) -> str:

@@ -38,23 +38,37 @@ def _moved_by_converting(model, tok, constants, head, texts) -> float:
     return float((1 - torch.nn.functional.cosine_similarity(ours, theirs, dim=-1)).mean())
 
 
+# 9 texts of several lengths: in batches of 2, the layers below a head return what they returned on each of 5 batches
+TEXTS = [*SENTENCES, *(" ".join(reversed(s.split())) for s in SENTENCES), f"{SENTENCES[0]} {SENTENCES[1]}"]
+
+
 @pytest.mark.parametrize("model_type", ["bert", "modernbert"] if "modernbert" in FAMILY_TYPES else ["bert"])
 def test_each_heads_score_is_what_converting_that_head_alone_does(tiny, model_type):
     model, tok = tiny.model(model_type), tiny.tokenizer(model_type)
     before = {k: v.clone() for k, v in model.state_dict().items()}
     average = papa_surgery.calibrate(model, tok, SENTENCES * 3, max_length=L, progress=False)
     ranking = papa_surgery.rank(
-        "sensitivity", model, tok, constants=average, corpus=SENTENCES, batch_size=3, progress=False
+        "sensitivity", model, tok, constants=average, corpus=TEXTS, batch_size=2, progress=False
     )
     assert ranking.method == "sensitivity" and ranking.total == average.num_layers * average.num_heads
     assert ranking.scores == sorted(ranking.scores) and len(set(ranking.scores)) > 1
-    assert ranking.provenance["examples"] == len(SENTENCES) and ranking.provenance["constants_kind"] == "average"
+    assert ranking.provenance["examples"] == len(TEXTS) and ranking.provenance["constants_kind"] == "average"
     scored = {tuple(head): score for head, score in zip(ranking.order, ranking.scores, strict=True)}
     last = average.num_layers - 1
     for head in ([0, 0], [0, average.num_heads - 1], [last // 2, 1], [last, 0], [last, average.num_heads - 1]):
-        expected = _moved_by_converting(model, tok, average, head, SENTENCES)
+        expected = _moved_by_converting(model, tok, average, head, TEXTS)
         assert scored[tuple(head)] == pytest.approx(expected, rel=1e-3, abs=1e-6), head
     assert all(torch.equal(v, model.state_dict()[k]) for k, v in before.items())  # the source untouched
+    one_batch = papa_surgery.rank("sensitivity", model, tok, constants=average, corpus=TEXTS, progress=False)
+    assert one_batch.scores == pytest.approx(ranking.scores, rel=1e-4, abs=1e-7)  # batching changes nothing
+
+
+def test_a_source_with_a_task_head_is_measured_on_its_encoder(tiny):
+    headed, tok = tiny.model("bert", head="AutoModelForMaskedLM"), tiny.tokenizer("bert")
+    average = papa_surgery.calibrate(headed.base_model, tok, SENTENCES * 3, max_length=L, progress=False)
+    with_head = papa_surgery.rank("sensitivity", headed, tok, constants=average, corpus=TEXTS, progress=False)
+    bare = papa_surgery.rank("sensitivity", headed.base_model, tok, constants=average, corpus=TEXTS, progress=False)
+    assert with_head.order == bare.order and with_head.scores == pytest.approx(bare.scores, rel=1e-5, abs=1e-8)
 
 
 def test_the_api_refuses_what_the_ranking_cannot_do(tiny):
@@ -68,6 +82,25 @@ def test_the_api_refuses_what_the_ranking_cannot_do(tiny):
         papa_surgery.rank("sensitivity", model, tok, constants=toeplitz, corpus=SENTENCES)
     with pytest.raises(TypeError, match="tokenizer"):
         papa_surgery.rank("sensitivity", model, constants=average, corpus=SENTENCES)
+
+
+def test_constants_of_sentence_pairs(source, tmp_path):
+    """Pairs constants: convert's default ranks by variance (no corpus of pairs to run on); ``--method sensitivity``
+    without a corpus of pairs is refused, naming --corpus; with one it runs on the pairs."""
+    pairs = tmp_path / "pairs.txt"
+    pairs.write_text("".join(f"{a}\t{b}\n" for a, b in zip(SENTENCES, reversed(SENTENCES), strict=True)) * 3)
+    consts = tmp_path / "pairs.safetensors"
+    made = cli("calibrate", source, "--corpus", pairs, "--pairs", "--max-length", 32, "--out", consts)
+    assert made.exit_code == 0, made.output
+    result = cli("convert", source, "--fraction", 0.5, "--constants", consts, "--out", tmp_path / "ckpt")
+    assert result.exit_code == 0, result.output
+    assert json.loads((tmp_path / "ckpt" / "config.json").read_text())["papa_method"] == "variance"
+    refused = cli("rank", source, "--method", "sensitivity", "--constants", consts, "--out", tmp_path / "r.json")
+    assert refused.exit_code == 2 and "--corpus" in refused.output and "pairs" in refused.output, refused.output
+    args = ("--method", "sensitivity", "--constants", consts, "--corpus", pairs, "--out", tmp_path / "r.json")
+    ranked = cli("rank", source, *args)
+    assert ranked.exit_code == 0, ranked.output
+    assert Ranking.load(tmp_path / "r.json").provenance["examples"] == 12
 
 
 def test_rank_and_convert_on_the_command_line(source, corpus, tmp_path):

@@ -246,10 +246,12 @@ def test_convert_without_kind_fits_sharpened_constants_up_to_512_slots_and_avera
         assert config["papa_kind"] == recipe["kind"], name
         assert recipe["kind"] in (out / "README.md").read_text(), name
         made[name] = (recipe["kind"], config["papa_max_length"], recipe.get("sharpened", {}).get("search"))
+        made[name] += (config["papa_method"],)
     assert made["own"][0] == made["short"][0] == "sharpened" and made["own"][1] <= 512
     assert made["own"][2] == made["short"][2] == "per-head"
-    assert made["long"] == ("average", 600, None)
-    assert made["own-long"] == ("average", 600, None)  # the source's own length, known once it has loaded
+    assert made["own"][3] == made["short"][3] == "sensitivity"  # the default ranking, up to 512 slots too
+    assert made["long"] == ("average", 600, None, "variance")
+    assert made["own-long"] == ("average", 600, None, "variance")  # the source's own length, known once it loaded
 
 
 def test_float16_storage_warns_when_a_short_inputs_row_would_underflow_to_zeros(tiny, average):

@@ -36,9 +36,10 @@ def _tuning(ctx) -> tuple[str, ...]:
     return tuple(f.name for f in dataclasses.fields(DistillOptions) if given(ctx, f.name))
 
 
-def _ranks_on_text(ctx) -> bool:
-    """Whether this ``rank`` or ``convert`` makes a ranking that runs the model on the corpus (``sensitivity``:
-    asked for, or ``convert``'s default where it ranks at all: not with --ranking, nor at fraction 0 or 1)."""
+def _ranks_on_text(ctx, constants) -> bool:
+    """Whether this ``rank`` or ``convert`` with ``constants`` makes a ranking that runs the model on the corpus
+    (``sensitivity``: asked for, or ``convert``'s default where it ranks at all: not with --ranking, nor at fraction 0
+    or 1)."""
     p = ctx.params
     if p.get("ranking"):
         return False
@@ -46,7 +47,7 @@ def _ranks_on_text(ctx) -> bool:
     if name is None and ctx.info_name == "convert":
         if p.get("task") is None and p.get("fraction") in (0.0, 1.0):
             return False  # every head or none: no ranking is made
-        name = registry.default_convert_method(p.get("task"))
+        name = registry.default_convert_method(p.get("task"), constants.max_length, constants.pairs)
     return name is not None and registry.method(name).corpus
 
 
@@ -63,7 +64,8 @@ def _refuse_calibration_with_constants(ctx, constants_file: str | None) -> None:
             f"{constants_file}; drop --max-length (the constants fix L) or calibrate again with it",
             param_hint="'--max-length'",
         )
-    reads = ctx.params.get("kind") in registry.TRAINED_KINDS or ctx.params.get("heal_steps") or _ranks_on_text(ctx)
+    fits = ctx.params.get("kind") in registry.TRAINED_KINDS or ctx.params.get("heal_steps")
+    reads = fits or _ranks_on_text(ctx, constants)
     for name in ("corpus", "pairs", "max_examples"):
         if name != "pairs" and reads:
             continue  # distilling, healing or a ranking measured on text reads a corpus

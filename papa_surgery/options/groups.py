@@ -143,8 +143,9 @@ class RankOptions(Checked):
     """How heads are ordered for replacement (paper 3.2, 5.4)."""
 
     method: str | None = opt(
-        "Head ranking method (default: lambda with --task; else, for convert, sensitivity: each head made constant "
-        "alone on the corpus, those that move the sentence embeddings least first; for rank, variance).",
+        "Head ranking method (rank needs one). convert's default: lambda with --task; else sensitivity (each head "
+        "made constant alone on the corpus, those that move the sentence embeddings least first) up to L=512 for "
+        "single sentences, variance above and for pairs.",
         None,
         type=click.Choice(registry.METHODS),
     )
@@ -189,11 +190,10 @@ class RankOptions(Checked):
         """The method this request runs: the given one, or the registry's default for the task."""
         return self.method or registry.default_method(self.task)
 
-    @property
-    def convert_method(self) -> str:
-        """The method ``convert`` runs: the given one, or the registry's default for converting (``sensitivity``
-        without a task)."""
-        return self.method or registry.default_convert_method(self.task)
+    def convert_method(self, max_length: int | None = None, pairs: bool = False) -> str:
+        """The method ``convert`` runs: the given one, or the registry's default for converting at ``max_length``
+        slots (``None``: not known yet) with constants of pairs or not."""
+        return self.method or registry.default_convert_method(self.task, max_length, pairs)
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ def check_kind_options(kind_name: str, given, fitted: bool, why: str = "") -> No
             continue
         if owner == kind_name:
             detail = f"the constants file already holds {owner} constants, so nothing is fitted"
-            fix = f"drop {spell(name)}, or pass the average it starts from to fit again"
+            fix = f"drop {spell(name)}, or pass the average it starts from with {spell('kind', owner)} to fit again"
         else:
             detail = f"tunes {owner} constants, and these are {kind_name}{why}"
             fix = f"add {spell('kind', owner)}, or drop {spell(name)}"

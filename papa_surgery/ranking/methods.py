@@ -161,7 +161,8 @@ def rank_heads(
 
 
 def _measured_ranking(chosen, model, tokenizer, constants, corpus, source_name, options: dict) -> Ranking:
-    """``sensitivity``: measured on ``model`` over ``corpus`` with the constants it would convert with."""
+    """``sensitivity``: measured on ``model`` over ``corpus``, each head made constant with its matrix in
+    ``constants`` (the average: what the default kind starts from)."""
     if constants is None:
         raise ArgumentError(
             "constants",
@@ -171,13 +172,38 @@ def _measured_ranking(chosen, model, tokenizer, constants, corpus, source_name, 
     registry.check_reads(chosen.name, constants.kind)
     if tokenizer is None:
         raise ArgumentError("tokenizer", f"the {chosen.name!r} ranking runs the model on text: pass its tokenizer")
-    from ..calibration.corpus import default_corpus
     from .sensitivity import sensitivity_ranking
 
     known = {k: options[k] for k in ("max_examples", "batch_size", "device", "progress") if options.get(k) is not None}
+    corpus = measured_corpus(chosen.name, corpus, constants)
+    return sensitivity_ranking(model, tokenizer, corpus, constants, source_name=source_name, **known)
+
+
+def constants_serve(method: registry.Method, constants: Constants | None) -> bool:
+    """Whether ``constants`` serve ``method`` as given: a method measured on text needs only their kind to be the one
+    it reads (not the calibration's scores); the others read the scores too."""
+    if constants is None:
+        return False
+    if not method.corpus:
+        return constants.serves(method.name)
+    try:
+        registry.check_reads(method.name, constants.kind)
+    except ValueError:
+        return False
+    return True
+
+
+def measured_corpus(method: str, corpus, constants: Constants, max_examples: int | None = None):
+    """The corpus a ranking measured on text runs on: ``corpus`` (anything ``load_corpus`` reads), else the default
+    one; of sentence pairs when ``constants`` are, which the default corpus is not (refused, naming the fix)."""
+    from ..calibration.corpus import default_corpus, load_corpus
+
     if corpus is None and constants.pairs:
         raise ArgumentError(
-            "corpus", f"these constants are calibrated on sentence pairs: pass {spell('corpus')} with pairs to rank on"
+            "corpus",
+            f"these constants are calibrated on sentence pairs: the {method!r} ranking runs the model on a corpus "
+            f"of pairs, pass one with {spell('corpus')} (or rank with {spell('method', 'variance')})",
         )
-    corpus = default_corpus() if corpus is None else corpus
-    return sensitivity_ranking(model, tokenizer, corpus, constants, source_name=source_name, **known)
+    if corpus is None:
+        return default_corpus(max_examples=max_examples)
+    return load_corpus(corpus, pairs=constants.pairs, max_examples=max_examples)

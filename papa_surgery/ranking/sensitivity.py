@@ -10,8 +10,8 @@ sentence cosine to the source 0.959 against variance's 0.916; docs/kinds-ranking
 One head at a time runs on the lambda-mixed model (:func:`papa_surgery.ranking.lambdas.lambda_model`: every head
 mixes its attention with its constant matrix): lambda 0 for the measured head, 1 for every other, so no model is
 converted or copied per head. That equals converting the one head (tested against ``convert``). The layers below
-the measured head's are the source's, so what they return is kept and they are not run again: a model of n layers
-costs about (n + 1) / 2 forward passes over the examples per head.
+the measured head's are the source's, so what they return is kept and they are not run again: a head of layer l runs
+layers l to n - 1 only, (n + 1) / 2 of a model's n layers on average, about half a forward pass over the examples.
 """
 
 from __future__ import annotations
@@ -76,17 +76,17 @@ def sensitivity_scores(
     if isinstance(max_examples, bool) or not isinstance(max_examples, int) or max_examples < 1:
         raise ValueError(f"max_examples: must be a positive integer, got {max_examples!r}")
     corpus = load_corpus(corpus, pairs=constants.pairs, max_examples=max_examples)
+    if corpus.pairs != constants.pairs:  # an opened corpus keeps what it was opened as
+        held = {True: "sentence pairs", False: "single sentences"}
+        raise ValueError(
+            f"the corpus {corpus.description} holds {held[corpus.pairs]} and the constants were calibrated on "
+            f"{held[constants.pairs]}: rank on a corpus like the calibration's"
+        )
     examples = sorted(corpus, key=lambda e: len(e) if isinstance(e, str) else sum(map(len, e)))  # batch by length
     if not examples:
         raise ValueError(f"the corpus {corpus.description} gave no examples to measure the heads on")
     layers, heads = constants.num_layers, constants.num_heads
-    check_dense_fits(
-        "the sensitivity ranking (it mixes every head with its dense constant matrix)",
-        layers * heads,
-        int(constants.max_length),
-        MIXED_BYTES,
-        f"rank with {spell('method', 'variance')} (it reads the compact constants), or at a smaller max_length",
-    )
+    check_fits((layers, heads), int(constants.max_length))
     device, restore = borrow(model, device)
     try:
         mixed = lambda_model(model, constants, tokenizer).to(device)
@@ -97,7 +97,8 @@ def sensitivity_scores(
             enc = encode(tokenizer, examples[start : start + batch_size], constants.max_length, pairs=constants.pairs)
             inputs = {k: v.to(device) for k, v in model_inputs(model, enc).items()}
             mask = inputs["attention_mask"]
-            batches.append((inputs, mask, mean_pooled(model(**inputs).last_hidden_state.float(), mask)))
+            source = getattr(model, "base_model", model)(**inputs).last_hidden_state.float()  # any task head
+            batches.append((inputs, mask, mean_pooled(source, mask)))  # (B, D) the source's sentence embeddings
         scores = torch.zeros(layers, heads)
         bar = tqdm(total=layers * heads, desc="sensitivity", unit="head", disable=not progress)
         below = None  # what block layer - 1 returns on each batch, every head as the source's
@@ -119,6 +120,19 @@ def sensitivity_scores(
         restore()
     meta = {"corpus": corpus.description, "examples": len(examples), "max_length": int(constants.max_length)}
     return scores, meta
+
+
+def check_fits(shape: tuple[int, int], max_length: int, command: str = "rank") -> None:
+    """ValueError, before anything is calibrated or allocated, when measuring a model of ``shape`` (layers, heads per
+    layer) at ``max_length`` slots would not fit this machine's memory (every head mixes a dense (L, L) matrix)."""
+    smaller = spell("max_length").removesuffix("=...")
+    check_dense_fits(
+        "the sensitivity ranking (it mixes every head with a dense constant matrix)",
+        shape[0] * shape[1],
+        max_length,
+        MIXED_BYTES,
+        f"{command} with {spell('method', 'variance')} (it reads the compact constants), or at a smaller {smaller}",
+    )
 
 
 def _moved(mixed, batches, below_blocks, below) -> float:

@@ -123,14 +123,22 @@ def run_convert(
     # Fraction 0 or 1 makes no head or every head constant, whatever the order: no ranking is made unless asked for
     # (the default variance ranking would calibrate average constants: at L=8,192 that is minutes for nothing).
     every_or_none = ranking is None and rank.method is None and rank.task is None and conv.fraction in (0.0, 1.0)
-    method = None if ranking or every_or_none else registry.method(rank.convert_method)
+    pairs = given.pairs if given is not None else cal.pairs
+    length = given.max_length if given is not None else cal.max_length  # None: the source's own, once it loads
+    method = None if ranking or every_or_none else registry.method(rank.convert_method(length, pairs))
     if method is not None and ((given is None and method.constants is not None) or method.corpus):
         reads_corpus = True  # the ranking calibrates what it reads, or runs the model on the corpus
     reads_corpus = reads_corpus or heal is not None  # healing trains on the calibration corpus
-    corpus = open_corpus(cal.corpus, pairs=cal.pairs, max_examples=cal.max_examples) if reads_corpus else None
+    corpus = open_corpus(cal.corpus, pairs=pairs, max_examples=cal.max_examples) if reads_corpus else None
     preflight_ranking(rank)
     flow = _workflow(model_name, run, source, progress)
     check_pairs_fit(flow.tokenizer, flow.slots(cal.max_length), cal.pairs and corpus is not None)
+    if method is not None:  # the default, now that the source's own length is known; a dense ranking must fit
+        method = registry.method(rank.convert_method(flow.slots(length), pairs))
+        if method.corpus:
+            from ..ranking.sensitivity import check_fits
+
+            check_fits(flow.shape, flow.slots(length), "convert")
     why = ""
     if conv.kind is None and given is None:  # the default, now that the source's own length is known
         kind, fits = registry.convert_kind(None, None, max_length=flow.slots(cal.max_length))

@@ -238,21 +238,23 @@ class Workflow:
                 **lambda_options,
             )
             return reversed_ranking(base)
-        if chosen.constants is not None and (constants is None or not constants.serves(chosen.name)):
-            constants = self.constants(chosen.constants, **(calibration or {}))  # what the method reads
-        corpus = lambda_options.pop("corpus", None)
+        from ..ranking.methods import constants_serve, measured_corpus
+
+        cal = calibration or {}
+        if chosen.constants is not None and not constants_serve(chosen, constants):
+            constants = self.constants(chosen.constants, **cal)  # what the method reads
+        corpus = lambda_options.pop("corpus", cal.get("corpus"))
         if chosen.corpus:  # measured on text: the one given, else the calibration's, else the default corpus
-            pairs, cal = constants is not None and constants.pairs, calibration or {}
-            given = corpus if corpus is not None else cal.get("corpus")
-            corpus = open_corpus(given, pairs=pairs, max_examples=cal.get("max_examples"))
+            corpus = measured_corpus(chosen.name, corpus, constants, cal.get("max_examples"))
         key = (
             chosen.name,
             task if chosen.task else None,
             None if chosen.constants is None else constants.key(),
             seed if chosen.seeded else None,
             tuple(sorted(lambda_options.items())) if chosen.task or chosen.corpus else None,
-            corpus_key(corpus) if chosen.corpus else None,
         )
+        if chosen.corpus:  # only then: the keys of the rankings a sweep has cached stay as they were
+            key += (corpus_key(corpus),)
         return self.cache.fetch(
             "ranking", key, lambda: self._rank(chosen.name, constants, task, data_dir, seed, corpus, lambda_options)
         )
@@ -264,6 +266,8 @@ class Workflow:
         if registry.method(method).task or registry.method(method).corpus:
             options.setdefault("device", self.run.device)
             options.setdefault("progress", self.progress)
+        if registry.method(method).corpus:
+            options.setdefault("batch_size", self.run.batch_size)
         return rank_heads(
             method,
             self.model,
