@@ -37,3 +37,13 @@ def recording(block):
         yield returned
     finally:
         handle.remove()
+
+
+def returned_by(model, blocks, inputs: list[dict], k: int, skip: int = -1, below=None) -> list:
+    """What block ``k`` returns on each of ``inputs`` (a forward's keyword arguments each), the blocks up to ``skip``
+    not run (returning ``below[b]`` on input ``b``; ``skip`` -1: every block runs)."""
+    with recording(blocks[k]) as returned:
+        for b, kwargs in enumerate(inputs):
+            with skipped(blocks[: skip + 1], below[b] if below else None):
+                model(**kwargs)
+    return returned

@@ -44,7 +44,7 @@ from ..calibration.passes import borrow
 from ..conversion.surgery import convert, normalize_heads
 from ..hub_code.modeling_papa import attention_modules, heads_by_layer
 from ..registry import DEFAULT_SHARPEN_SEARCH, SHARPEN_SEARCHES
-from .blocks import recording, skipped
+from .blocks import recording, returned_by, skipped
 from .head_sharpness import STEP_TOKENS, fit_head_exponents, step_batches
 from .objective import hidden_error
 from .trainable import layer_modules
@@ -321,8 +321,4 @@ def _returned_by(papa, blocks, batches, k: int, known) -> list | None:
     if known is not None and known[0] == k:
         return known[1]
     j, below = known if known is not None else (-1, None)
-    with recording(blocks[k]) as returned:
-        for b, (inputs, _) in enumerate(batches):
-            with skipped(blocks[: j + 1], below[b] if below else None):
-                papa(**inputs)
-    return returned
+    return returned_by(papa, blocks, [inputs for inputs, _ in batches], k, j, below)

@@ -26,7 +26,7 @@ from ..calibration.passes import borrow
 from ..calibration.protocol import ConstantsBase as Constants
 from ..failures import spell
 from ..healing.agreement import mean_pooled
-from ..healing.blocks import recording, skipped
+from ..healing.blocks import returned_by, skipped
 from ..healing.trainable import layer_modules
 from ..models.loading import public_name
 from .lambdas import lambda_model, set_lambda_logits
@@ -34,7 +34,7 @@ from .order import Ranking, order_by_scores
 
 SCORE = "mean 1 - cos(mean-pooled last hidden states, the source's) over the corpus, the head alone constant"
 # all-mpnet-base-v2: 32 WikiText lines gave the order measured in docs/kinds-ranking.md (all-MiniLM-L6-v2 measured
-# with 32 and 64); each head costs a pass over them, so more examples cost as many more passes per head.
+# with 32 and 64); every head runs over all of them, so the cost grows with their number.
 DEFAULT_EXAMPLES = 32
 # Bytes per (layer, head, i, j) cell while measuring: the dense copy of the constants, the mixed model's float32
 # buffer and its masked, row-normalised matrix in a forward pass.
@@ -109,12 +109,8 @@ def sensitivity_scores(
                 set_lambda_logits(mixed, logits)
                 scores[layer, head] = _moved(mixed, batches, blocks[:layer], below) / len(examples)
                 bar.update()
-            set_lambda_logits(mixed, _SATURATED)
-            with recording(blocks[layer]) as returned:  # the layers below the next one need not run again
-                for b, (inputs, _, _) in enumerate(batches):
-                    with skipped(blocks[:layer], below[b] if below else None):
-                        mixed(**inputs)
-            below = returned
+            set_lambda_logits(mixed, _SATURATED)  # the layers below the next one need not run again
+            below = returned_by(mixed, blocks, [inputs for inputs, _, _ in batches], layer, layer - 1, below)
         bar.close()
     finally:
         restore()
