@@ -19,6 +19,7 @@ import papa_surgery
 from papa_surgery.calibration.encoding import encode, model_inputs
 from papa_surgery.healing.agreement import mean_pooled
 from papa_surgery.ranking.order import Ranking
+from papa_surgery.ranking.sensitivity import SLACK, _snug_batches
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 L = 32
@@ -38,7 +39,8 @@ def _moved_by_converting(model, tok, constants, head, texts) -> float:
     return float((1 - torch.nn.functional.cosine_similarity(ours, theirs, dim=-1)).mean())
 
 
-# 9 texts of several lengths: in batches of 2, the layers below a head return what they returned on each of 5 batches
+# 9 texts of several lengths: in batches of at most 2, the layers below a head return what they returned on each of
+# at least 5 batches (test_batches_are_snug)
 TEXTS = [*SENTENCES, *(" ".join(reversed(s.split())) for s in SENTENCES), f"{SENTENCES[0]} {SENTENCES[1]}"]
 
 
@@ -59,8 +61,27 @@ def test_each_heads_score_is_what_converting_that_head_alone_does(tiny, model_ty
         expected = _moved_by_converting(model, tok, average, head, TEXTS)
         assert scored[tuple(head)] == pytest.approx(expected, rel=1e-3, abs=1e-6), head
     assert all(torch.equal(v, model.state_dict()[k]) for k, v in before.items())  # the source untouched
-    one_batch = papa_surgery.rank("sensitivity", model, tok, constants=average, corpus=TEXTS, progress=False)
-    assert one_batch.scores == pytest.approx(ranking.scores, rel=1e-4, abs=1e-7)  # batching changes nothing
+    batched = papa_surgery.rank("sensitivity", model, tok, constants=average, corpus=TEXTS, progress=False)
+    assert batched.scores == pytest.approx(ranking.scores, rel=1e-4, abs=1e-7)  # batching changes nothing
+
+
+def test_batches_are_snug(tiny):
+    """Every example once, shortest first, at most batch_size per batch, and a batch of several pads to at most
+    SLACK times its real tokens (a lone long example makes its own batch)."""
+    tok = tiny.tokenizer("bert")
+    average = papa_surgery.calibrate(tiny.model("bert"), tok, SENTENCES * 3, max_length=L, progress=False)
+    texts = [*TEXTS, SENTENCES[0]]  # a tie: kept in the corpus's order
+
+    def length(text):
+        return encode(tok, [text], L)["input_ids"].shape[1]
+
+    for size in (2, 4, 16):
+        batches = _snug_batches(tok, texts, average, size)
+        flat = [t for b in batches for t in b]
+        assert sorted(flat) == sorted(texts) and [length(t) for t in flat] == sorted(map(length, texts))
+        assert all(1 <= len(b) <= size for b in batches)
+        assert all(len(b) * max(map(length, b)) <= SLACK * sum(map(length, b)) for b in batches if len(b) > 1)
+        assert len(batches) >= (5 if size == 2 else 2)  # several batches: the layers below are kept per batch
 
 
 def test_a_source_with_a_task_head_is_measured_on_its_encoder(tiny):
