@@ -26,16 +26,16 @@ L = 32
 
 
 @torch.no_grad()
-def _moved_by_converting(model, tok, constants, head, texts) -> float:
-    """The reference: mean 1 - cos of mean-pooled last hidden states, ``head`` alone made constant by ``convert``."""
+def _moved_by_converting(model, tok, constants, head, texts, pool=mean_pooled) -> float:
+    """The reference: mean 1 - cos of the ``pool``ed last hidden states, ``head`` alone made constant by ``convert``."""
     others = [[la, h] for la in range(constants.num_layers) for h in range(constants.num_heads) if [la, h] != head]
     order = Ranking("manual", [head, *others], constants.num_layers, constants.num_heads)
     papa = papa_surgery.convert(model, constants, order, 1 / order.total, tokenizer=tok, storage="dense").eval()
     enc = encode(tok, texts, constants.max_length, pairs=False)
     inputs = model_inputs(model, enc)
     mask = inputs["attention_mask"]
-    ours = mean_pooled(papa(**inputs).last_hidden_state.float(), mask)
-    theirs = mean_pooled(model(**inputs).last_hidden_state.float(), mask)
+    ours = pool(papa(**inputs).last_hidden_state.float(), mask)
+    theirs = pool(model(**inputs).last_hidden_state.float(), mask)
     return float((1 - torch.nn.functional.cosine_similarity(ours, theirs, dim=-1)).mean())
 
 
@@ -63,6 +63,41 @@ def test_each_heads_score_is_what_converting_that_head_alone_does(tiny, model_ty
     assert all(torch.equal(v, model.state_dict()[k]) for k, v in before.items())  # the source untouched
     batched = papa_surgery.rank("sensitivity", model, tok, constants=average, corpus=TEXTS, progress=False)
     assert batched.scores == pytest.approx(ranking.scores, rel=1e-4, abs=1e-7)  # batching changes nothing
+
+
+def test_a_sentence_transformers_source_is_measured_by_its_own_pooling(tiny, tmp_path):
+    """The embeddings compared are the ones the source's sentence-transformers files make (CLS pooling here), not a
+    mean of its tokens; the ranking file says which."""
+    from transformers import AutoModel, AutoTokenizer
+
+    folder = tiny.save("bert", tmp_path / "st")
+    (folder / "modules.json").write_text(
+        json.dumps(
+            [
+                {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+                {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+            ]
+        )
+    )
+    (folder / "1_Pooling").mkdir()
+    (folder / "1_Pooling" / "config.json").write_text(json.dumps({"pooling_mode_cls_token": True}))
+    model, tok = AutoModel.from_pretrained(folder).eval(), AutoTokenizer.from_pretrained(folder)
+    average = papa_surgery.calibrate(model, tok, SENTENCES * 3, max_length=L, progress=False)
+    ranking = papa_surgery.rank("sensitivity", model, tok, constants=average, corpus=TEXTS, progress=False)
+    assert ranking.provenance["embedding"] == "cls pooling (the sentence-transformers files of st)"
+    scored = {tuple(head): score for head, score in zip(ranking.order, ranking.scores, strict=True)}
+
+    def cls(hidden, mask):
+        return hidden[:, 0]  # (B, D): right padding, the first token is [CLS]
+
+    for head in ([0, 0], [average.num_layers - 1, 1]):
+        expected = _moved_by_converting(model, tok, average, head, TEXTS, pool=cls)
+        assert scored[tuple(head)] == pytest.approx(expected, rel=1e-3, abs=1e-6), head
+        by_mean = _moved_by_converting(model, tok, average, head, TEXTS)
+        assert scored[tuple(head)] != pytest.approx(by_mean, rel=1e-2), head  # the pooling decides
+    plain = tiny.model("bert")  # not loaded from the folder: no pipeline, mean pooling, said so
+    meaned = papa_surgery.rank("sensitivity", plain, tok, constants=average, corpus=TEXTS, progress=False)
+    assert meaned.provenance["embedding"].startswith("mean pooling")
 
 
 def test_batches_are_snug(tiny):

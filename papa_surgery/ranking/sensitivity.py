@@ -1,8 +1,10 @@
 """The ``sensitivity`` ranking: each head made constant alone, measured on the source over an unlabelled corpus.
 
 A head's score is how far making it (and no other) constant moves the model's sentence embeddings on the corpus's
-first ``max_examples`` examples: the mean of ``1 - cos(pooled_papa, pooled_source)``, the embeddings mean-pooled
-over the real tokens of the last hidden states. Heads that move them least are made constant first. Label-free,
+first ``max_examples`` examples: the mean of ``1 - cos(embedding_papa, embedding_source)``. The embeddings are the
+ones the source's sentence-transformers files make (its pooling, CLS or mean or another, and any Dense layers:
+:mod:`papa_surgery.healing.sentence`, as healing reads them), and the last hidden states mean-pooled over the real
+tokens for a source without them. Heads that move them least are made constant first. Label-free,
 like ``variance``; where ``variance`` asks how much a head's attention varies, this asks what replacing it costs the
 output, which is what a user of the converted model reads (issue 32: all-MiniLM-L6-v2 at fraction 0.5 on SST-2 dev,
 sentence cosine to the source 0.959 against variance's 0.916; docs/kinds-ranking.md).
@@ -18,6 +20,8 @@ every batch, so padding would be paid once per head.
 
 from __future__ import annotations
 
+import logging
+
 import torch
 
 from .. import __version__
@@ -29,12 +33,14 @@ from ..calibration.protocol import ConstantsBase as Constants
 from ..failures import spell
 from ..healing.agreement import mean_pooled
 from ..healing.blocks import returned_by, skipped
+from ..healing.sentence import sentence_pipeline
 from ..healing.trainable import layer_modules
 from ..models.loading import public_name
 from .lambdas import lambda_model, set_lambda_logits
 from .order import Ranking, order_by_scores
 
-SCORE = "mean 1 - cos(mean-pooled last hidden states, the source's) over the corpus, the head alone constant"
+logger = logging.getLogger(__name__)
+SCORE = "mean 1 - cos(sentence embeddings, the source's) over the corpus, the head alone constant"
 # all-mpnet-base-v2: 32 WikiText lines gave the order measured in docs/kinds-ranking.md (all-MiniLM-L6-v2 measured
 # with 32 and 64); every head runs over all of them, so the cost grows with their number.
 DEFAULT_EXAMPLES = 32
@@ -59,6 +65,8 @@ def sensitivity_scores(
     batch_size: int = 16,
     device=None,
     progress: bool = True,
+    pipeline_source=None,
+    source_name=None,
 ) -> tuple[torch.Tensor, dict]:
     """(layers, heads) score of each head made constant alone (module docstring), and what it was measured on.
 
@@ -71,6 +79,9 @@ def sensitivity_scores(
         batch_size: examples per forward pass.
         device: where to run (default: the model's device).
         progress: a progress bar over the heads.
+        pipeline_source: the folder or Hub id whose sentence-transformers files make the embeddings (default: the
+            model's own, ``model.config._name_or_path``); mean pooling where it has none.
+        source_name: what the source is called in the result (its Hub id; default: the pipeline source's name).
 
     Raises:
         ValueError: the corpus gives no example, or ``max_examples`` is not a positive integer.
@@ -93,16 +104,18 @@ def sensitivity_scores(
     check_fits((layers, heads), int(constants.max_length))
     device, restore = borrow(model, device)
     try:
+        files = pipeline_source or getattr(model.config, "_name_or_path", None)  # the sentence-transformers files
+        embed, embedding = _embedding(files, source_name or public_name(files))
         mixed = lambda_model(model, constants, tokenizer).to(device)
         set_lambda_logits(mixed, _SATURATED)  # every head as the source's
         blocks = layer_modules(mixed)
-        batches = []  # [(inputs, mask, the source's (B, D) sentence embeddings)]
+        batches = []  # [(inputs, mask, the source's (B, E) sentence embeddings)]
         for batch in _snug_batches(tokenizer, examples, constants, batch_size):
             enc = encode(tokenizer, batch, constants.max_length, pairs=constants.pairs)
             inputs = {k: v.to(device) for k, v in model_inputs(model, enc).items()}
             mask = inputs["attention_mask"]
             source = getattr(model, "base_model", model)(**inputs).last_hidden_state.float()  # any task head
-            batches.append((inputs, mask, mean_pooled(source, mask)))  # (B, D) the source's sentence embeddings
+            batches.append((inputs, mask, embed(source, mask)))  # (B, E) the source's sentence embeddings
         scores = torch.zeros(layers, heads)
         bar = tqdm(total=layers * heads, desc="sensitivity", unit="head", disable=not progress)
         below = None  # what block layer - 1 returns on each batch, every head as the source's
@@ -111,14 +124,19 @@ def sensitivity_scores(
                 logits = torch.full((layers, heads), _SATURATED)
                 logits[layer, head] = -_SATURATED  # this head attends with its constant matrix, every other as before
                 set_lambda_logits(mixed, logits)
-                scores[layer, head] = _moved(mixed, batches, blocks[:layer], below) / len(examples)
+                scores[layer, head] = _moved(mixed, embed, batches, blocks[:layer], below) / len(examples)
                 bar.update()
             set_lambda_logits(mixed, _SATURATED)  # the layers below the next one need not run again
             below = returned_by(mixed, blocks, [inputs for inputs, _, _ in batches], layer, layer - 1, below)
         bar.close()
     finally:
         restore()
-    meta = {"corpus": corpus.description, "examples": len(examples), "max_length": int(constants.max_length)}
+    meta = {
+        "corpus": corpus.description,
+        "examples": len(examples),
+        "max_length": int(constants.max_length),
+        "embedding": embedding,
+    }
     return scores, meta
 
 
@@ -156,13 +174,24 @@ def check_fits(shape: tuple[int, int], max_length: int, command: str = "rank") -
     )
 
 
-def _moved(mixed, batches, below_blocks, below) -> float:
-    """Sum over the examples of ``1 - cos`` between ``mixed``'s sentence embeddings and the source's, the blocks
-    ``below_blocks`` skipped (returning ``below[b]`` on batch ``b``)."""
+def _embedding(source, name):
+    """``(embed, what it is)``: ``embed(hidden (B, N, D), mask (B, N)) -> (B, E)`` sentence embeddings, made by
+    ``source``'s sentence-transformers pipeline, else by mean pooling (logged, with why); ``name``: the source's, in
+    what it is."""
+    pipeline, why_not = sentence_pipeline(source)
+    if pipeline is None:
+        logger.info("sensitivity: mean pooling: %s", why_not)
+        return mean_pooled, f"mean pooling ({name or 'the model'}: no sentence-transformers pipeline)"
+    return pipeline, f"{pipeline.describe()} (the sentence-transformers files of {name})"
+
+
+def _moved(mixed, embed, batches, below_blocks, below) -> float:
+    """Sum over the examples of ``1 - cos`` between ``mixed``'s sentence embeddings (``embed``) and the source's, the
+    blocks ``below_blocks`` skipped (returning ``below[b]`` on batch ``b``)."""
     moved = 0.0
     for b, (inputs, mask, reference) in enumerate(batches):
         with skipped(below_blocks, below[b] if below else None):
-            pooled = mean_pooled(mixed(**inputs).last_hidden_state.float(), mask)  # (B, D)
+            pooled = embed(mixed(**inputs).last_hidden_state.float(), mask)  # (B, E)
         moved += float((1 - torch.nn.functional.cosine_similarity(pooled, reference, dim=-1)).sum())
     return moved
 
@@ -172,7 +201,7 @@ def sensitivity_ranking(model, tokenizer, corpus, constants: Constants, *, sourc
 
     ``options``: :func:`sensitivity_scores`' (max_examples, batch_size, device, progress).
     """
-    scores, meta = sensitivity_scores(model, tokenizer, corpus, constants, **options)
+    scores, meta = sensitivity_scores(model, tokenizer, corpus, constants, source_name=source_name, **options)
     order, ordered = order_by_scores(scores.tolist(), ascending=True)
     prov = {
         "papa_surgery_version": __version__,
