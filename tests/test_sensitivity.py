@@ -105,7 +105,7 @@ def test_batches_are_snug(tiny):
     SLACK times its real tokens (a lone long example makes its own batch)."""
     tok = tiny.tokenizer("bert")
     average = papa_surgery.calibrate(tiny.model("bert"), tok, SENTENCES * 3, max_length=L, progress=False)
-    texts = [*TEXTS, SENTENCES[0]]  # a tie: kept in the corpus's order
+    texts = [*TEXTS, SENTENCES[0]]  # an example twice: both copies kept
 
     def length(text):
         return encode(tok, [text], L)["input_ids"].shape[1]
