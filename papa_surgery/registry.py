@@ -301,22 +301,26 @@ def default_convert_method(task: str | None, max_length: int | None = None, pair
     return DEFAULT_CONVERT_METHOD
 
 
-def default_convert_kind(max_length: int | None) -> str:
+def default_convert_kind(max_length: int | None, fraction: float | None = None) -> str:
     """The kind ``convert`` makes at ``max_length`` slots when none is asked for (``None``: not known yet, the
-    source's own length): ``DEFAULT_CONVERT_KIND`` up to ``DEFAULT_KIND_UP_TO`` slots, the average above."""
-    return DEFAULT_CONVERT_KIND if max_length is None or max_length <= DEFAULT_KIND_UP_TO else "average"
+    source's own length): ``DEFAULT_CONVERT_KIND`` up to ``DEFAULT_KIND_UP_TO`` slots, the average above, and at
+    ``fraction`` 0, where no head is constant so nothing is fitted (the paper's kind, as a sweep's fraction 0)."""
+    short = max_length is None or max_length <= DEFAULT_KIND_UP_TO
+    return DEFAULT_CONVERT_KIND if short and fraction != 0 else "average"
 
 
-def convert_kind(asked: str | None, file_kind: str | None, path=None, max_length=None) -> tuple[Kind, bool]:
+def convert_kind(
+    asked: str | None, file_kind: str | None, path=None, max_length=None, fraction=None
+) -> tuple[Kind, bool]:
     """``(kind, fit)``: the kind a checkpoint converted with ``--kind asked`` (``None``: not given) from constants of
-    ``file_kind`` (a ``--constants`` file at ``path``; ``None``: none, so calibrated at ``max_length`` slots) holds,
-    and whether its matrices are still to be fitted (a trained kind).
+    ``file_kind`` (a ``--constants`` file at ``path``; ``None``: none, so calibrated at ``max_length`` slots) holds
+    at ``fraction``, and whether its matrices are still to be fitted (a trained kind).
 
     A file keeps its own kind: ``--kind`` may only repeat it, or name a trained kind fitted from it (``sharpened``
     from an ``average`` file); anything else is refused (the checkpoint would record a kind its matrices are not).
     """
     if file_kind is None:
-        chosen = kind(asked or default_convert_kind(max_length))
+        chosen = kind(asked or default_convert_kind(max_length, fraction))
         return chosen, chosen.made == TRAINED
     if asked is None or asked == file_kind:
         return kind(file_kind, sweeps=True), False

@@ -254,6 +254,29 @@ def test_convert_without_kind_fits_sharpened_constants_up_to_512_slots_and_avera
     assert made["own-long"] == ("average", 600, None, "variance")  # the source's own length, known once it loaded
 
 
+def test_convert_at_fraction_0_without_kind_records_the_average_and_is_the_source(tiny_folder, corpus, tmp_path):
+    """At ``--fraction 0`` no head is made constant, so the default kind has nothing to fit: the checkpoint records the
+    average (as a sweep's fraction 0 does), not sharpened constants of no head, and computes what its source computes;
+    a sharpened-only option there is refused, naming why the kind is the average."""
+    folder = tiny_folder("bert")
+    out = tmp_path / "zero"
+    result = cli("convert", folder, "--fraction", 0, "--corpus", corpus, "--max-length", L, "--out", out)
+    assert result.exit_code == 0, result.output
+    recipe = json.loads((out / "papa_recipe.json").read_text())
+    assert recipe["kind"] == json.loads((out / "config.json").read_text())["papa_kind"] == "average"
+    assert "sharpened" not in recipe and recipe["constant_heads"] == []
+    papa, tok = papa_surgery.load(out)
+    source = papa_surgery.load(folder)[0]
+    enc = tok(SENTENCES[:3], padding="max_length", max_length=L, truncation=True, return_tensors="pt")
+    with torch.no_grad():
+        torch.testing.assert_close(papa(**enc).last_hidden_state, source(**enc).last_hidden_state)
+    refused = tmp_path / "refused"
+    result = cli("convert", folder, "--fraction", 0, "--corpus", corpus, "--sharpen-search", "walk", "--out", refused)
+    assert result.exit_code == 2, result.output
+    assert "these are average (the default at --fraction 0)" in " ".join(result.output.split())
+    assert not refused.exists()
+
+
 def test_float16_storage_warns_when_a_short_inputs_row_would_underflow_to_zeros(tiny, average):
     """A sharpened row whose mass on a short input's slots is all below float16's range is empty there once stored in
     float16: convert warns with the fix (bf16 or fp32); bf16, fp32 and an fp16 row that keeps its mass stay quiet."""

@@ -212,8 +212,8 @@ class ConvertOptions(Checked):
     )
     kind: str | None = opt(
         f"Constant matrices to use. Default for convert: {registry.DEFAULT_CONVERT_KIND} (measured closest to the "
-        f"source) up to L={registry.DEFAULT_KIND_UP_TO}, average above; for calibrate: average; with --constants: "
-        "the file's own kind (--kind may name a trained kind to fit from the file's average).",
+        f"source) up to L={registry.DEFAULT_KIND_UP_TO}, average above and at --fraction 0; for calibrate: average; "
+        "with --constants: the file's own kind (--kind may name a trained kind to fit from the file's average).",
         type=click.Choice(registry.CONSTANT_KINDS),
     )
     dtype: str = opt("Storage dtype of the constants.", "fp32", type=click.Choice(registry.DTYPES))

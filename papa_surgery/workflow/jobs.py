@@ -102,7 +102,7 @@ def run_convert(
     check_output_dir(out, conv.overwrite, reading=reading)
     given = Constants.load(conv.constants) if conv.constants else None
     file_kind = given.kind if given else None
-    kind, fits = registry.convert_kind(conv.kind, file_kind, conv.constants, cal.max_length)  # before loading
+    kind, fits = registry.convert_kind(conv.kind, file_kind, conv.constants, cal.max_length, conv.fraction)
     if conv.kind is not None or given is not None:  # the kind is known before the model loads
         check_kind_options(kind.name, tuning, fits)
     ranking = Ranking.load(rank.ranking) if rank.ranking else None
@@ -141,8 +141,12 @@ def run_convert(
             check_fits(flow.shape, flow.slots(length), "convert")
     why = ""
     if conv.kind is None and given is None:  # the default, now that the source's own length is known
-        kind, fits = registry.convert_kind(None, None, max_length=flow.slots(cal.max_length))
-        why = f" (the default kind at L={flow.slots(cal.max_length)})"
+        kind, fits = registry.convert_kind(None, None, max_length=flow.slots(cal.max_length), fraction=conv.fraction)
+        why = (
+            f" (the default kind at L={flow.slots(cal.max_length)})"
+            if conv.fraction
+            else " (the default at --fraction 0)"
+        )
     check_kind_options(kind.name, tuning, fits, why)
     calibration = _calibration(cal, corpus, conv)
     if given is not None:
