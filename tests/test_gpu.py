@@ -1,15 +1,17 @@
 """On a GPU: a converted checkpoint loaded by the real client onto CUDA, in fp32 and bf16, computes what it computes
 on the CPU, in every family and storage; calibrating and sharpening (per layer and per head) on CUDA give the
-CPU's constants.
+CPU's constants, and ``convert`` with its defaults (the sensitivity ranking, sharpened per head) the CPU's checkpoint.
 
 Skipped where PyTorch sees no GPU (CI has none); run it on one with ``pytest -m "" tests/test_gpu.py``.
 """
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
-from conftest import FAMILY_TYPES, SENTENCES
+from conftest import FAMILY_TYPES, SENTENCES, cli
 from transformers import AutoModel
 
 import papa_surgery
@@ -156,6 +158,28 @@ def test_per_head_sharpening_on_cuda_fits_the_cpus_exponents(tiny):
     )
     assert torch.allclose(fitted["cuda"].values, fitted["cpu"].values, atol=1e-4)
     assert next(model.parameters()).device.type == "cpu"
+
+
+def test_convert_with_its_defaults_on_cuda_writes_the_cpus_checkpoint(tiny, tiny_folder, corpus, tmp_path):
+    """``papa-surgery convert`` with no kind or method (the sensitivity ranking, then sharpened constants fitted per
+    head) run with ``--device cuda`` ranks the heads in the CPU's order and fits the CPU's exponents."""
+    folder = tiny_folder("bert")
+    made = {}
+    for device in ("cpu", "cuda"):
+        out = tmp_path / device
+        args = ("convert", folder, "--fraction", 0.5, "--corpus", corpus, "--max-length", L, "--device", device)
+        result = cli(*args, "--out", out)
+        assert result.exit_code == 0, result.output
+        made[device] = json.loads((out / "papa_recipe.json").read_text()), papa_surgery.load(out)[0]
+    (cpu, cpu_model), (cuda, cuda_model) = made["cpu"], made["cuda"]
+    assert cuda["method"] == cpu["method"] == "sensitivity" and cuda["kind"] == cpu["kind"] == "sharpened"
+    assert cuda["constant_heads"] == cpu["constant_heads"]
+    exponents = [[p for ps in r["sharpened"]["exponents"].values() for p in ps.values()] for r in (cpu, cuda)]
+    assert exponents[1] == pytest.approx(exponents[0], rel=1e-3)
+    enc = tiny.tokenizer("bert")(SENTENCES, padding=True, return_tensors="pt")
+    with torch.no_grad():  # both checkpoints loaded on the CPU: their constants agree
+        out = [m(**enc).last_hidden_state for m in (cpu_model, cuda_model)]
+    torch.testing.assert_close(out[1], out[0], atol=1e-4, rtol=1e-4)
 
 
 def test_a_bf16_source_calibrates_on_cuda_in_full_precision(tiny):
