@@ -16,7 +16,7 @@ measured against the source:
 Run: python benchmarks/bench_kinds.py [--model PATH] [--kinds average,sharpened] [--fractions 0.5,1 ('' with
      --documents: the documents only)]
      [--methods variance,sensitivity] [--sentences 872] [--pool 1000] [--mrpc-train N] [--documents]
-     [--search per-head|walk|grid]
+     [--search per-head|walk|grid] [--sensitivity-examples 32,16] [--sharpen-steps 64,32]
      [--data ../shared/data] [--threads 2]
      [--save [TAG]]
 """
@@ -78,6 +78,11 @@ def _exponents(constants) -> str:
     return sharpness_text(constants.metadata["sharpened"])
 
 
+def _ints(text: str) -> list[int]:
+    """``"64,32"`` -> ``[64, 32]``."""
+    return [int(x) for x in text.split(",") if x]
+
+
 def _within(h: torch.Tensor) -> float:
     """Mean pairwise cosine of one example's (n, D) token states (the diagonal left out)."""
     x = torch.nn.functional.normalize(h.float(), dim=-1)
@@ -96,6 +101,10 @@ def main() -> None:
     parser.add_argument("--mrpc-train", type=int, default=None, help="MRPC training pairs for the threshold (all)")
     parser.add_argument("--documents", action="store_true", help="also long documents at L=512, fraction 1")
     parser.add_argument("--search", default=DEFAULT_SHARPEN_SEARCH, choices=SHARPEN_SEARCHES, help="how sharpened fits")
+    parser.add_argument(
+        "--sensitivity-examples", default="32", help="examples the sensitivity ranking measures on (a list: each a row)"
+    )
+    parser.add_argument("--sharpen-steps", default="64", help="per-head fit steps of sharpened (a list: each a row)")
     beside = Path(__file__).resolve().parents[2] / "shared" / "data"  # ../shared/data beside the clone
     parser.add_argument("--data", default=os.environ.get("PAPA_SHARED_DATA", str(beside)))
     parser.add_argument("--threads", type=int, default=2)
@@ -154,9 +163,15 @@ def main() -> None:
         print(f"sentences: {len(dev)} of SST-2 dev at L={length} (the source's own); corpus: {corpus.description}")
         rankings = {}
         for method in args.methods.split(","):
-            start = time.perf_counter()
-            rankings[method] = papa_surgery.rank(method, source, tok, constants=average, corpus=corpus, progress=False)
-            print(f"ranking {method}: {time.perf_counter() - start:.0f} s", flush=True)
+            counts = _ints(args.sensitivity_examples) if method == "sensitivity" else [None]
+            for count in counts:  # the sensitivity ranking on fewer examples costs less (issue 32's cost bound)
+                name = method if len(counts) == 1 else f"{method}/{count}"
+                options = {"max_examples": count} if count else {}
+                start = time.perf_counter()
+                rankings[name] = papa_surgery.rank(
+                    method, source, tok, constants=average, corpus=corpus, progress=False, **options
+                )
+                print(f"ranking {name}: {time.perf_counter() - start:.0f} s", flush=True)
         base = {"top10": 1.0}
         base["mrpc_acc"], base["mrpc_f1"] = mrpc_scores(embed_with(source, length), *mrpc)
         print(f"source MRPC {base['mrpc_acc']:.3f}/{base['mrpc_f1']:.3f}; calibration {seconds:.0f} s")
@@ -165,19 +180,21 @@ def main() -> None:
                 if fraction == 1 and method != next(iter(rankings)):
                     continue  # every head: the same model whatever the order
                 heads = ranking.select(fraction)
-                for kind in kinds:
+                steps = _ints(args.sharpen_steps)
+                for kind, step in [(k, s) for k in kinds for s in (steps if k == "sharpened" else [None])]:
                     start = time.perf_counter()
                     constants = average
                     if kind == "sharpened":
                         constants = papa_surgery.sharpen(
-                            source, tok, corpus, average, heads, search=args.search, progress=False
+                            source, tok, corpus, average, heads, search=args.search, steps=step, progress=False
                         )
                         print("  exponents:", _exponents(constants))
                     elif kind != "average":
                         constants = papa_surgery.calibrate(source, tok, corpus, kind=kind, progress=False)
                     model = papa_surgery.convert(source, constants, ranking, fraction, tokenizer=tok)
                     took = time.perf_counter() - start
-                    report("sentences", kind, fraction, model, dev, length, took, method=method)
+                    label = kind if step is None or len(steps) == 1 else f"{kind}/{step}"
+                    report("sentences", label, fraction, model, dev, length, took, method=method)
     if args.documents:
         docs = documents()
         cut = int(len(docs) * 0.8)
