@@ -257,7 +257,7 @@ def test_convert_without_kind_fits_sharpened_constants_up_to_512_slots_and_avera
 def test_convert_at_fraction_0_without_kind_records_the_average_and_is_the_source(tiny_folder, corpus, tmp_path):
     """At ``--fraction 0`` no head is made constant, so the default kind has nothing to fit: the checkpoint records the
     average (as a sweep's fraction 0 does), not sharpened constants of no head, and computes what its source computes;
-    a sharpened-only option there is refused, naming why the kind is the average."""
+    a sharpened-only option there is refused, naming why the kind is the average, before the model loads."""
     folder = tiny_folder("bert")
     out = tmp_path / "zero"
     result = cli("convert", folder, "--fraction", 0, "--corpus", corpus, "--max-length", L, "--out", out)
@@ -274,6 +274,11 @@ def test_convert_at_fraction_0_without_kind_records_the_average_and_is_the_sourc
     result = cli("convert", folder, "--fraction", 0, "--corpus", corpus, "--sharpen-search", "walk", "--out", refused)
     assert result.exit_code == 2, result.output
     assert "these are average (the default at --fraction 0)" in " ".join(result.output.split())
+    assert not refused.exists()
+    empty = tmp_path / "empty"  # no model in it: refused before the model loads, as for an explicit --kind
+    empty.mkdir()
+    result = cli("convert", empty, "--fraction", 0, "--sharpen-search", "walk", "--out", refused)
+    assert result.exit_code == 2 and "(the default at --fraction 0)" in " ".join(result.output.split()), result.output
     assert not refused.exists()
 
 

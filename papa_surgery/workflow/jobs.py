@@ -103,8 +103,9 @@ def run_convert(
     given = Constants.load(conv.constants) if conv.constants else None
     file_kind = given.kind if given else None
     kind, fits = registry.convert_kind(conv.kind, file_kind, conv.constants, cal.max_length, conv.fraction)
-    if conv.kind is not None or given is not None:  # the kind is known before the model loads
-        check_kind_options(kind.name, tuning, fits)
+    why = " (the default at --fraction 0)" if conv.kind is None and given is None and conv.fraction == 0 else ""
+    if conv.kind is not None or given is not None or why:  # the kind is known before the model loads
+        check_kind_options(kind.name, tuning, fits, why)
     ranking = Ranking.load(rank.ranking) if rank.ranking else None
     if rank.ranking and rank.method:
         raise ArgumentError("ranking", f"pass either {spell('ranking')} FILE or {spell('method')}, not both")
@@ -139,14 +140,9 @@ def run_convert(
             from ..ranking.sensitivity import check_fits
 
             check_fits(flow.shape, flow.slots(length), "convert")
-    why = ""
-    if conv.kind is None and given is None:  # the default, now that the source's own length is known
+    if conv.kind is None and given is None and conv.fraction != 0:  # the default, now the source's own length is known
         kind, fits = registry.convert_kind(None, None, max_length=flow.slots(cal.max_length), fraction=conv.fraction)
-        why = (
-            f" (the default kind at L={flow.slots(cal.max_length)})"
-            if conv.fraction
-            else " (the default at --fraction 0)"
-        )
+        why = f" (the default kind at L={flow.slots(cal.max_length)})"
     check_kind_options(kind.name, tuning, fits, why)
     calibration = _calibration(cal, corpus, conv)
     if given is not None:
