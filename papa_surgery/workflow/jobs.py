@@ -103,9 +103,9 @@ def run_convert(
     given = Constants.load(conv.constants) if conv.constants else None
     file_kind = given.kind if given else None
     kind, fits = registry.convert_kind(conv.kind, file_kind, conv.constants, cal.max_length, conv.fraction)
-    why = " (the default at --fraction 0)" if conv.kind is None and given is None and conv.fraction == 0 else ""
-    if conv.kind is not None or given is not None or why:  # the kind is known before the model loads
-        check_kind_options(kind.name, tuning, fits, why)
+    chosen = conv.kind is not None or given is not None
+    if chosen or conv.fraction == 0:  # the kind is known before the model loads (the default at fraction 0: average)
+        check_kind_options(kind.name, tuning, fits, "" if chosen else " (the default at --fraction 0)")
     ranking = Ranking.load(rank.ranking) if rank.ranking else None
     if rank.ranking and rank.method:
         raise ArgumentError("ranking", f"pass either {spell('ranking')} FILE or {spell('method')}, not both")
@@ -140,10 +140,9 @@ def run_convert(
             from ..ranking.sensitivity import check_fits
 
             check_fits(flow.shape, flow.slots(length), "convert")
-    if conv.kind is None and given is None and conv.fraction != 0:  # the default, now the source's own length is known
+    if not chosen and conv.fraction != 0:  # the default, now that the source's own length is known
         kind, fits = registry.convert_kind(None, None, max_length=flow.slots(cal.max_length), fraction=conv.fraction)
-        why = f" (the default kind at L={flow.slots(cal.max_length)})"
-    check_kind_options(kind.name, tuning, fits, why)
+        check_kind_options(kind.name, tuning, fits, f" (the default kind at L={flow.slots(cal.max_length)})")
     calibration = _calibration(cal, corpus, conv)
     if given is not None:
         given.check_compatible(flow.model.config, source, model=flow.model)
