@@ -17,6 +17,7 @@ Run: python benchmarks/bench_kinds.py [--model PATH] [--kinds average,sharpened]
      --documents: the documents only)]
      [--methods variance,sensitivity] [--sentences 872] [--pool 1000] [--mrpc-train N] [--documents]
      [--search per-head|walk|grid] [--sensitivity-examples 32,16] [--sharpen-steps 64,32]
+     [--sharpen-batch 16,32]
      [--data ../shared/data] [--threads 2]
      [--save [TAG]]
 """
@@ -105,6 +106,11 @@ def main() -> None:
         "--sensitivity-examples", default="32", help="examples the sensitivity ranking measures on (a list: each a row)"
     )
     parser.add_argument("--sharpen-steps", default="64", help="per-head fit steps of sharpened (a list: each a row)")
+    parser.add_argument(
+        "--sharpen-batch",
+        default="16",
+        help="examples per step of sharpened's fit (a list: each a row; convert's --batch-size)",
+    )
     beside = Path(__file__).resolve().parents[2] / "shared" / "data"  # ../shared/data beside the clone
     parser.add_argument("--data", default=os.environ.get("PAPA_SHARED_DATA", str(beside)))
     parser.add_argument("--threads", type=int, default=2)
@@ -180,20 +186,29 @@ def main() -> None:
                 if fraction == 1 and method != next(iter(rankings)):
                     continue  # every head: the same model whatever the order
                 heads = ranking.select(fraction)
-                steps = _ints(args.sharpen_steps)
-                for kind, step in [(k, s) for k in kinds for s in (steps if k == "sharpened" else [None])]:
+                fits = [(s, b) for s in _ints(args.sharpen_steps) for b in _ints(args.sharpen_batch)]
+                for kind, fit in [(k, f) for k in kinds for f in (fits if k == "sharpened" else [None])]:
                     start = time.perf_counter()
                     constants = average
                     if kind == "sharpened":
+                        step, batch = fit
                         constants = papa_surgery.sharpen(
-                            source, tok, corpus, average, heads, search=args.search, steps=step, progress=False
+                            source,
+                            tok,
+                            corpus,
+                            average,
+                            heads,
+                            search=args.search,
+                            steps=step,
+                            batch_size=batch,
+                            progress=False,
                         )
                         print("  exponents:", _exponents(constants))
                     elif kind != "average":
                         constants = papa_surgery.calibrate(source, tok, corpus, kind=kind, progress=False)
                     model = papa_surgery.convert(source, constants, ranking, fraction, tokenizer=tok)
                     took = time.perf_counter() - start
-                    label = kind if step is None or len(steps) == 1 else f"{kind}/{step}"
+                    label = kind if fit is None or len(fits) == 1 else f"{kind}/{fit[0]}x{fit[1]}"
                     report("sentences", label, fraction, model, dev, length, took, method=method)
     if args.documents:
         docs = documents()
