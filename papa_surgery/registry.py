@@ -190,11 +190,11 @@ HEAL_OBJECTIVES = ("auto", "layers", "last", "embedding", "layers+embedding", "l
 # default: papa_surgery.healing.head_sharpness), or one per layer, walking out from 1 or trying every grid value.
 SHARPEN_SEARCHES = ("per-head", "walk", "grid")
 DEFAULT_SHARPEN_SEARCH = "per-head"  # sharpen(), --sharpen-search and sweeps: measured at least the walk's equal
-# Tokens (examples x padded length) in one per-head step's batch at most: a step runs forward and backward through
-# every layer, so its activations follow the tokens, not the examples. 2,048 is what was measured on documents:
-# batches of 4 at L=512 (all-mpnet-base-v2, bench_kinds-mpnet-documents-per-head.txt); sentences were fitted in
-# batches of 16 (sharpen's default), within it.
+# One per-head step's batch at most: tokens (examples x padded length; its activations follow them: 2,048 is what
+# documents were measured with, 4 at L=512) and examples, whatever --batch-size (16, sharpen's default, what sentences
+# were measured with: steps of 32 fitted no closer at 1.8x the time; bench_kinds-mpnet-sharpen-batch.txt).
 SHARPEN_STEP_TOKENS = 2048
+SHARPEN_STEP_EXAMPLES = 16
 
 # Kinds ``auto`` storage keeps dense at every L. Distilled matrices are trained cell by cell, and no compaction of
 # them was measured. Sharpened ones compact as the average does (the compact rows that would lose their mass drop

@@ -126,6 +126,7 @@ def test_convert_kind_sharpened_fits_per_head_by_default_and_loads_in_a_fresh_pr
     heads = json.loads((out / "config.json").read_text())["papa_constant_heads"]
     assert fit["search"] == "per-head" and len(fit["losses"]) == fit["steps"] == 64
     assert fit["batch_size"] == 32 and fit["step_tokens"] == registry.SHARPEN_STEP_TOKENS
+    assert fit["step_examples"] == registry.SHARPEN_STEP_EXAMPLES == 16
     fitted = {(int(la), int(h)) for la, ps in fit["exponents"].items() for h in ps}
     assert fitted == {tuple(h) for h in heads} and fit["loss_sharpened"] < fit["loss_average"]
     assert "exponent per head" in (out / "README.md").read_text()
@@ -219,6 +220,28 @@ def test_each_step_holds_at_most_the_token_budget_and_every_example_once(tiny, a
     assert torch.equal(torch.cat([i["input_ids"] for i, _ in cut]), ids)
     assert torch.equal(torch.cat([t[0] for _, t in cut]), batches[0][1][0])
     assert [len(i["input_ids"]) for i, _ in step_batches(batches, tokens=3)] == [1] * 6  # one example at least
+    assert [len(i["input_ids"]) for i, _ in step_batches(batches, tokens=99, examples=4)] == [4, 2]
+
+    mask = torch.tensor([[1, 1, 0, 0], [1, 0, 0, 0], [1, 1, 1, 0]])  # a step keeps the columns its examples use
+    batches = [({"input_ids": ids[:3], "attention_mask": mask}, (ids[:3].float()[..., None],))]
+    cut = step_batches(batches, tokens=99, examples=2)
+    assert [tuple(i["attention_mask"].shape) for i, _ in cut] == [(2, 2), (1, 3)]
+    assert torch.equal(cut[0][0]["input_ids"], ids[:2, :2]) and torch.equal(cut[1][1][0][..., 0], ids[2:3, :3].float())
+
+
+def test_the_per_head_fit_takes_the_same_steps_whatever_the_batch_size(tiny, average, monkeypatch):
+    """``--batch-size`` sets how the fitting text runs without gradients, not the fit: its steps take at most
+    ``STEP_EXAMPLES`` examples (the text sorted by length: a batch of 8 cut in two is the two batches of 4), so the
+    exponents are the same with either; the recipe records the bound."""
+    from papa_surgery.healing import sharpness
+
+    monkeypatch.setattr(sharpness, "STEP_EXAMPLES", 4)
+    by_four, by_eight = (_per_head(tiny, average, steps=12, batch_size=b) for b in (4, 8))
+    info = by_eight.metadata["sharpened"]
+    assert info["step_examples"] == 4 and info["batch_size"] == 8
+    torch.testing.assert_close(torch.tensor(info["losses"]), torch.tensor(by_four.metadata["sharpened"]["losses"]))
+    torch.testing.assert_close(by_eight.values, by_four.values)
+    assert not torch.equal(by_eight.values, average.values)  # the fit moved them
 
 
 def test_convert_without_kind_fits_sharpened_constants_up_to_512_slots_and_averages_above(

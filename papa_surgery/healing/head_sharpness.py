@@ -21,21 +21,28 @@ import warnings
 
 import torch
 
+from ..registry import SHARPEN_STEP_EXAMPLES as STEP_EXAMPLES
 from ..registry import SHARPEN_STEP_TOKENS as STEP_TOKENS
 from .objective import hidden_error
 
-__all__ = ["STEP_TOKENS", "fit_head_exponents", "step_batches"]
+__all__ = ["STEP_EXAMPLES", "STEP_TOKENS", "fit_head_exponents", "step_batches"]
 
 
-def step_batches(batches, tokens: int = STEP_TOKENS):
-    """``batches`` (``[(inputs, the source's hidden states), ...]``) with each cut into runs of examples holding at most
-    ``tokens`` tokens (at least one example each), in the same order."""
+def step_batches(batches, tokens: int = STEP_TOKENS, examples: int = STEP_EXAMPLES):
+    """``batches`` (``[(inputs, the source's hidden states), ...]``) with each cut into runs of at most ``examples``
+    examples holding at most ``tokens`` tokens (at least one example each), in the same order, each run without the
+    padding columns none of its examples uses.
+
+    Why a bound on examples too: the steps are then the same whatever batch size the fitting text was run in (its
+    examples are sorted by length, so a batch of 32 cut in two is the two batches of 16), and the fit with them."""
     out = []
     for inputs, targets in batches:
         n, length = inputs["attention_mask"].shape  # (B, T)
-        step = max(1, tokens // length)
+        step = max(1, min(examples, tokens // length))
         for i in range(0, n, step):
-            out.append(({k: v[i : i + step] for k, v in inputs.items()}, tuple(t[i : i + step] for t in targets)))
+            used = inputs["attention_mask"][i : i + step].any(0).nonzero().squeeze(1)  # (T',) columns a token holds
+            cut = {k: v[i : i + step].index_select(1, used) for k, v in inputs.items()}  # (b, T') each
+            out.append((cut, tuple(t[i : i + step].index_select(1, used) for t in targets)))  # (b, T', D) each
     return out
 
 

@@ -26,11 +26,12 @@ average everywhere. ``p = 1`` (the average itself) is always a candidate, so on 
 model farther from the source than the average did, given the layers below; a per-head fit that ends farther keeps
 the average.
 
-What it costs: a per-head step runs forward and backward over one batch of at most ``STEP_TOKENS`` tokens
-(:func:`.head_sharpness.step_batches`). A layer's trials run only that layer and the ones above it. The layers below
-are already fitted, so what they return on each batch is kept (one hidden state per batch, the input of the layer
-being fitted) and they are skipped; fitting n layers runs about (n + 1) / 2 forward passes per exponent instead of
-n. The fitting text is batched by length, so a batch is padded to about its own examples' length.
+What it costs: a per-head step runs forward and backward over one batch of at most ``STEP_EXAMPLES`` examples and
+``STEP_TOKENS`` tokens, whatever ``batch_size`` (:func:`.head_sharpness.step_batches`). A layer's trials run only
+that layer and the ones above it. The layers below are already fitted, so what they return on each batch is kept
+(one hidden state per batch, the input of the layer being fitted) and they are skipped; fitting n layers runs about
+(n + 1) / 2 forward passes per exponent instead of n. The fitting text is batched by length, so a batch is padded to
+about its own examples' length.
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ from ..conversion.surgery import convert, normalize_heads
 from ..hub_code.modeling_papa import attention_modules, heads_by_layer
 from ..registry import DEFAULT_SHARPEN_SEARCH, SHARPEN_SEARCHES
 from .blocks import recording, returned_by, skipped
-from .head_sharpness import STEP_TOKENS, fit_head_exponents, step_batches
+from .head_sharpness import STEP_EXAMPLES, STEP_TOKENS, fit_head_exponents, step_batches
 from .objective import hidden_error
 from .trainable import layer_modules
 
@@ -110,11 +111,12 @@ def sharpen(
         search: ``"per-head"`` (the default: an exponent per head, by gradient: :mod:`.head_sharpness`), or an
             exponent per layer: ``"walk"`` (out from 1 while the score improves) or ``"grid"`` (every exponent);
             module docstring.
-        steps: Adam steps of ``per-head`` (one batch each: ``batch_size`` examples, cut to at most ``STEP_TOKENS``
+        steps: Adam steps of ``per-head`` (one batch each: at most ``STEP_EXAMPLES`` examples and ``STEP_TOKENS``
             tokens).
         lr: Adam's learning rate (on log p) of ``per-head``.
         max_examples: how many corpus examples to fit on.
-        batch_size: examples per forward pass.
+        batch_size: examples per forward pass without gradients (the source's hidden states, the objective, the
+            per-layer trials).
         device: where to run (default: the model's device).
         progress: show a progress bar over the layers.
 
@@ -169,7 +171,14 @@ def sharpen(
             "exponents": {str(layer): _keyed(p) for layer, p in sorted(exponents.items())},
             "search": search,
             **(
-                {"steps": steps, "lr": lr, "batch_size": batch_size, "step_tokens": STEP_TOKENS, "losses": losses}
+                {
+                    "steps": steps,
+                    "lr": lr,
+                    "batch_size": batch_size,
+                    "step_examples": STEP_EXAMPLES,
+                    "step_tokens": STEP_TOKENS,
+                    "losses": losses,
+                }
                 if search == PER_HEAD
                 else {
                     "grid": list(grid),
@@ -197,7 +206,7 @@ def _fit_heads(papa, modules, starts, heads, batches, exponents, steps, lr, prog
         papa,
         {layer: modules[layer] for layer in starts},
         starts,
-        step_batches(batches, STEP_TOKENS),
+        step_batches(batches, STEP_TOKENS, STEP_EXAMPLES),
         steps=steps,
         lr=lr,
         progress=progress,

@@ -63,10 +63,10 @@ class DistillOptions(Checked):
     )
     distill_lr: float = opt("Learning rate (Adam, on log C) for --kind distilled.", 0.01, type=POSITIVE_FLOAT)
     sharpen_search: str = opt(
-        "How --kind sharpened fits its exponents: per-head (one per head, by gradient: 64 steps of one batch each, "
-        f"cut to at most {registry.SHARPEN_STEP_TOKENS:,} tokens), walk (one per layer, out from 1 while "
-        "it helps), grid (one per layer, every value tried). per-head measured at least as close to the source as the "
-        "others.",
+        "How --kind sharpened fits its exponents: per-head (one per head, by gradient: 64 steps of at most "
+        f"{registry.SHARPEN_STEP_EXAMPLES} examples and {registry.SHARPEN_STEP_TOKENS:,} tokens each), walk (one per "
+        "layer, out from 1 while it helps), grid (one per layer, every value tried). per-head measured at least as "
+        "close to the source as the others.",
         registry.DEFAULT_SHARPEN_SEARCH,
         type=click.Choice(registry.SHARPEN_SEARCHES),
     )
