@@ -232,7 +232,7 @@ def test_each_step_holds_at_most_the_token_budget_and_every_example_once(tiny, a
 def test_the_per_head_fit_takes_the_same_steps_whatever_the_batch_size(tiny, average, monkeypatch):
     """``--batch-size`` sets how the fitting text runs without gradients, not the fit: its steps take at most
     ``STEP_EXAMPLES`` examples (the text sorted by length: a batch of 8 cut in two is the two batches of 4), so the
-    exponents are the same with either; the recipe records the bound."""
+    exponents are the same with any multiple of it; the recipe records the bound."""
     from papa_surgery.healing import sharpness
 
     monkeypatch.setattr(sharpness, "STEP_EXAMPLES", 4)

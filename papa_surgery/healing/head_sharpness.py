@@ -33,8 +33,9 @@ def step_batches(batches, tokens: int = STEP_TOKENS, examples: int = STEP_EXAMPL
     examples holding at most ``tokens`` tokens (at least one example each), in the same order, each run without the
     padding columns none of its examples uses.
 
-    Why a bound on examples too: the steps are then the same whatever batch size the fitting text was run in (its
-    examples are sorted by length, so a batch of 32 cut in two is the two batches of 16), and the fit with them."""
+    Why a bound on examples too: the steps are then the same for any batch size the fitting text was run in that is
+    a multiple of ``examples`` (its examples are sorted by length, so a batch of 32 cut in two is the two batches of
+    16), and so is the fit."""
     out = []
     for inputs, targets in batches:
         n, length = inputs["attention_mask"].shape  # (B, T)
