@@ -229,7 +229,7 @@ def test_each_step_holds_at_most_the_token_budget_and_every_example_once(tiny, a
     assert torch.equal(cut[0][0]["input_ids"], ids[:2, :2]) and torch.equal(cut[1][1][0][..., 0], ids[2:3, :3].float())
 
 
-def test_the_per_head_fit_takes_the_same_steps_whatever_the_batch_size(tiny, average, monkeypatch):
+def test_the_per_head_fit_is_the_same_for_batch_sizes_that_are_multiples_of_its_step(tiny, average, monkeypatch):
     """``--batch-size`` sets how the fitting text runs without gradients, not the fit: its steps take at most
     ``STEP_EXAMPLES`` examples (the text sorted by length: a batch of 8 cut in two is the two batches of 4), so the
     exponents are the same with any multiple of it; the recipe records the bound."""

@@ -28,11 +28,10 @@ the average.
 
 What it costs: a per-head step runs forward and backward over one batch of at most ``STEP_EXAMPLES`` examples and
 ``STEP_TOKENS`` tokens, the same steps for any ``batch_size`` that is a multiple of ``STEP_EXAMPLES``
-(:func:`.head_sharpness.step_batches`). A layer's trials run only
-that layer and the ones above it. The layers below are already fitted, so what they return on each batch is kept
-(one hidden state per batch, the input of the layer being fitted) and they are skipped; fitting n layers runs about
-(n + 1) / 2 forward passes per exponent instead of n. The fitting text is batched by length, so a batch is padded to
-about its own examples' length.
+(:func:`.head_sharpness.step_batches`). A layer's trials run only that layer and the ones above it. The layers below
+are already fitted, so what they return on each batch is kept (one hidden state per batch, the input of the layer
+being fitted) and they are skipped; fitting n layers runs about (n + 1) / 2 forward passes per exponent instead of
+n. The fitting text is batched by length, so a batch is padded to about its own examples' length.
 """
 
 from __future__ import annotations
