@@ -35,7 +35,7 @@ from bench_heal import mrpc_pairs, mrpc_scores, sst2_sentences
 from bench_structure_quality import documents
 from provenance import add_save_option, start_record
 
-from papa_surgery.registry import DEFAULT_SHARPEN_SEARCH, SHARPEN_SEARCHES
+from papa_surgery.registry import DEFAULT_SHARPEN_SEARCH, SHARPEN_SEARCHES, SHARPEN_STEP_EXAMPLES
 
 
 @torch.no_grad()
@@ -109,7 +109,8 @@ def main() -> None:
     parser.add_argument(
         "--sharpen-batch",
         default="16",
-        help="examples per step of sharpened's fit (a list: each a row; convert's --batch-size)",
+        help="examples per step of sharpened's per-head fit (a list: each a row; sets the bound "
+        "registry.SHARPEN_STEP_EXAMPLES and sharpen's batch_size)",
     )
     beside = Path(__file__).resolve().parents[2] / "shared" / "data"  # ../shared/data beside the clone
     parser.add_argument("--data", default=os.environ.get("PAPA_SHARED_DATA", str(beside)))
@@ -121,6 +122,7 @@ def main() -> None:
 
     import papa_surgery
     from papa_surgery.calibration.coverage import CoverageWarning
+    from papa_surgery.healing import sharpness
     from papa_surgery.healing.agreement import embeddings, neighbour_overlap
     from papa_surgery.healing.sentence import sentence_pipeline
     from papa_surgery.workflow import open_corpus
@@ -192,6 +194,7 @@ def main() -> None:
                     constants = average
                     if kind == "sharpened":
                         step, batch = fit
+                        sharpness.STEP_EXAMPLES = batch  # the bound on a step, whatever the batches
                         constants = papa_surgery.sharpen(
                             source,
                             tok,
@@ -203,6 +206,7 @@ def main() -> None:
                             batch_size=batch,
                             progress=False,
                         )
+                        sharpness.STEP_EXAMPLES = SHARPEN_STEP_EXAMPLES  # convert's again
                         print("  exponents:", _exponents(constants))
                     elif kind != "average":
                         constants = papa_surgery.calibrate(source, tok, corpus, kind=kind, progress=False)

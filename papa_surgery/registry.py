@@ -191,7 +191,7 @@ HEAL_OBJECTIVES = ("auto", "layers", "last", "embedding", "layers+embedding", "l
 SHARPEN_SEARCHES = ("per-head", "walk", "grid")
 DEFAULT_SHARPEN_SEARCH = "per-head"  # sharpen(), --sharpen-search and sweeps: measured at least the walk's equal
 # One per-head step's batch at most: tokens (examples x padded length; its activations follow them: 2,048 is what
-# documents were measured with, 4 at L=512) and examples, whatever --batch-size (16, sharpen's default, what sentences
+# documents were measured with, 4 at L=512) and examples, whatever --batch-size (16: sharpen's default, what sentences
 # were measured with: steps of 32 fitted no closer at 1.8x the time; bench_kinds-mpnet-sharpen-batch.txt).
 SHARPEN_STEP_TOKENS = 2048
 SHARPEN_STEP_EXAMPLES = 16

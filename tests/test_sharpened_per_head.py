@@ -227,6 +227,15 @@ def test_each_step_holds_at_most_the_token_budget_and_every_example_once(tiny, a
     cut = step_batches(batches, tokens=99, examples=2)
     assert [tuple(i["attention_mask"].shape) for i, _ in cut] == [(2, 2), (1, 3)]
     assert torch.equal(cut[0][0]["input_ids"], ids[:2, :2]) and torch.equal(cut[1][1][0][..., 0], ids[2:3, :3].float())
+    left = torch.tensor([[0, 0, 1, 1], [0, 1, 1, 1], [0, 0, 0, 1]])  # padded on the left: the positions stay
+    batches = [({"input_ids": ids[:3], "attention_mask": left}, (ids[:3].float()[..., None],))]
+    assert [tuple(i["input_ids"].shape) for i, _ in step_batches(batches, tokens=99)] == [(3, 4)]
+    # a run of `examples` is cut by its own width: its two examples of 2 tokens make one step of 4 tokens, where the
+    # batch's width (4) would allow one example a step
+    mask = torch.tensor([[1, 1, 0, 0]] * 2 + [[1] * 4] * 2)
+    batches = [({"input_ids": ids[:4], "attention_mask": mask}, ())]
+    shapes = [tuple(i["input_ids"].shape) for i, _ in step_batches(batches, tokens=4, examples=2)]
+    assert shapes == [(2, 2), (1, 4), (1, 4)]
 
 
 def test_the_per_head_fit_is_the_same_for_batch_sizes_that_are_multiples_of_its_step(tiny, average, monkeypatch):
@@ -236,6 +245,7 @@ def test_the_per_head_fit_is_the_same_for_batch_sizes_that_are_multiples_of_its_
     from papa_surgery.healing import sharpness
 
     monkeypatch.setattr(sharpness, "STEP_EXAMPLES", 4)
+    monkeypatch.setattr(sharpness, "STEP_TOKENS", 24)  # some runs of 4 are cut again by their tokens
     by_four, by_eight = (_per_head(tiny, average, steps=12, batch_size=b) for b in (4, 8))
     info = by_eight.metadata["sharpened"]
     assert info["step_examples"] == 4 and info["batch_size"] == 8

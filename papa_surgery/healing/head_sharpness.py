@@ -29,22 +29,34 @@ __all__ = ["STEP_EXAMPLES", "STEP_TOKENS", "fit_head_exponents", "step_batches"]
 
 
 def step_batches(batches, tokens: int = STEP_TOKENS, examples: int = STEP_EXAMPLES):
-    """``batches`` (``[(inputs, the source's hidden states), ...]``) with each cut into runs of at most ``examples``
-    examples holding at most ``tokens`` tokens (at least one example each), in the same order, each run without the
-    padding columns none of its examples uses.
+    """``batches`` (``[(inputs, the source's hidden states), ...]``) cut into steps, in the same order: each batch
+    into runs of ``examples`` examples, each run without the trailing padding columns none of its examples uses, and
+    cut again where it holds more than ``tokens`` tokens (at least one example a step).
 
-    Why a bound on examples too: the steps are then the same for any batch size the fitting text was run in that is
-    a multiple of ``examples`` (its examples are sorted by length, so a batch of 32 cut in two is the two batches of
-    16), and so is the fit."""
+    Why runs of ``examples`` first: the fitting text is sorted by length, so a batch of 32 cut in two is the two
+    batches of 16, and the steps (and the fit) are the same for any batch size that is a multiple of ``examples``;
+    a step's size then follows its own examples' length, not its batch's longest. Why trailing columns only: leading
+    padding (a tokenizer padding on the left) moves the positions of the real tokens in models that number positions
+    by column (BERT), so it stays as the source's hidden states were computed with. The cuts are views: the source's
+    hidden states are not copied."""
     out = []
     for inputs, targets in batches:
-        n, length = inputs["attention_mask"].shape  # (B, T)
-        step = max(1, min(examples, tokens // length))
-        for i in range(0, n, step):
-            used = inputs["attention_mask"][i : i + step].any(0).nonzero().squeeze(1)  # (T',) columns a token holds
-            cut = {k: v[i : i + step].index_select(1, used) for k, v in inputs.items()}  # (b, T') each
-            out.append((cut, tuple(t[i : i + step].index_select(1, used) for t in targets)))  # (b, T', D) each
+        mask = inputs["attention_mask"]  # (B, T)
+        for first in range(0, len(mask), examples):
+            run = min(len(mask), first + examples)
+            step = max(1, tokens // _width(mask[first:run]))
+            for i in range(first, run, step):
+                end = min(run, i + step)
+                width = _width(mask[i:end])
+                cut = {k: v[i:end, :width] for k, v in inputs.items()}  # (b, T') each
+                out.append((cut, tuple(t[i:end, :width] for t in targets)))  # (b, T', D) each
     return out
+
+
+def _width(mask: torch.Tensor) -> int:
+    """Columns of ``mask`` ((b, T)) up to its last real token (all T where it holds none)."""
+    used = mask.any(0).nonzero()  # (n, 1)
+    return int(used.max()) + 1 if len(used) else mask.shape[1]
 
 
 def fit_head_exponents(papa, modules: dict, starts: dict, batches, *, steps: int, lr: float, progress: bool):
