@@ -34,11 +34,12 @@ def step_batches(batches, tokens: int = STEP_TOKENS, examples: int = STEP_EXAMPL
     cut again where it holds more than ``tokens`` tokens (at least one example a step).
 
     Why runs of ``examples`` first: the fitting text is sorted by length, so a batch of 32 cut in two is the two
-    batches of 16, and the steps (and the fit) are the same for any batch size that is a multiple of ``examples``;
-    a step's size then follows its own examples' length, not its batch's longest. Why trailing columns only: leading
-    padding (a tokenizer padding on the left) moves the positions of the real tokens in models that number positions
-    by column (BERT), so it stays as the source's hidden states were computed with. The cuts are views: the source's
-    hidden states are not copied."""
+    batches of 16, and (padded on the right) the steps and the fit are the same for any batch size that is a
+    multiple of ``examples``; a step's size then follows its own examples' length, not its batch's longest. Why
+    trailing columns only: leading padding (a tokenizer padding on the left) moves the positions of the real tokens
+    in models that number positions by column (BERT), so it stays as the source's hidden states were computed with.
+    The source's hidden states are cut as views, not copied; the inputs (a few integers a token) are made
+    contiguous, as some models ``view`` them."""
     out = []
     for inputs, targets in batches:
         mask = inputs["attention_mask"]  # (B, T)
@@ -48,7 +49,7 @@ def step_batches(batches, tokens: int = STEP_TOKENS, examples: int = STEP_EXAMPL
             for i in range(first, run, step):
                 end = min(run, i + step)
                 width = _width(mask[i:end])
-                cut = {k: v[i:end, :width] for k, v in inputs.items()}  # (b, T') each
+                cut = {k: v[i:end, :width].contiguous() for k, v in inputs.items()}  # (b, T') each
                 out.append((cut, tuple(t[i:end, :width] for t in targets)))  # (b, T', D) each
     return out
 
