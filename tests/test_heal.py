@@ -92,6 +92,50 @@ def test_lora_and_full_change_only_what_they_train_and_keep_the_architecture(sou
             assert not any(".query." in k or ".key." in k for k in moved), sorted(moved)
 
 
+@pytest.mark.parametrize("train", ["lora", "full"])
+def test_frozen_constants_stay_as_stored_while_the_rest_heals(source, train):
+    """``freeze_constants``: the constants keep their storage and values bit for bit (no rebuild into dense
+    matrices; dense and compact alike), the other weights train, and the held-out agreement still improves."""
+    from papa_surgery.hub_code.compact_constants import COMPACT_PARTS
+
+    model, tok, constants = source
+    compact = convert(model, constants, HEADS, tokenizer=tok, storage="compact", compact_band=2, compact_rank=1)
+    labeled = convert(model, constants, HEADS, tokenizer=tok, trainable_constants=True)  # constants a parameter
+    for papa in (converted(source), compact, labeled):
+        start = state(papa)
+        healed = heal(source, papa, train=train, freeze_constants=True)
+        assert all(torch.equal(v, start[k]) for k, v in state(papa).items())  # the input is not changed
+        after = state(healed)
+        assert {k: v.shape for k, v in after.items()} == {k: v.shape for k, v in start.items()}
+        kept = [k for k in start if k.rpartition(".")[2] in (*COMPACT_PARTS, "papa_constants")]
+        assert kept and all(torch.equal(after[k], start[k]) for k in kept)
+        assert any(k.endswith("intermediate.dense.weight") and not torch.equal(after[k], start[k]) for k in after)
+        for field in ("papa_compact_band", "papa_compact_rank", "papa_constants_dtype", "papa_kind"):
+            assert getattr(healed.config, field) == getattr(papa.config, field)
+        assert all(p.requires_grad for p in healed.parameters()) and not healed.training  # as from_pretrained
+        record = healed.papa_recipe["healing"]
+        assert record["freeze_constants"] is True and record["constants_lr"] is None and record["train"] == train
+    # with the constants fixed, training the rest alone still lowers the held-out objective
+    record = heal(source, train=train, freeze_constants=True, lr=3e-3).papa_recipe["healing"]
+    before, after = record["heldout_before"], record["heldout_after"]
+    assert after["loss"] < 0.9 * before["loss"], (before, after)
+
+
+def test_frozen_constants_with_the_constants_mode_is_refused(source, tiny, tmp_path):
+    from click.testing import CliRunner
+
+    from papa_surgery.cli import main
+    from papa_surgery.failures import ArgumentError
+
+    with pytest.raises(ArgumentError, match="freeze_constants: leaves nothing to train"):
+        HealOptions(train="constants", freeze_constants=True)
+    src = tiny.save("bert", tmp_path / "src")
+    result = CliRunner().invoke(main, ["heal", str(src), "--train", "constants", "--freeze-constants",
+                                       "--out", str(tmp_path / "o")])  # fmt: skip
+    assert result.exit_code == 2 and "--freeze-constants" in result.output and "leaves nothing" in result.output
+    assert not (tmp_path / "o").exists()
+
+
 def test_deterministic_for_a_seed(source):
     import warnings
 
@@ -180,15 +224,21 @@ print("DIFF", float((got - data["expected"]).abs().max()))
 """
 
 
-def test_a_healed_checkpoint_loads_in_a_fresh_process_without_papa_surgery_or_peft(source, tmp_path):
+@pytest.mark.parametrize("freeze", [False, True])
+def test_a_healed_checkpoint_loads_in_a_fresh_process_without_papa_surgery_or_peft(source, tmp_path, freeze):
     from safetensors.torch import save_file
 
-    _, tok, _ = source
-    healed = heal(source, train="lora")
+    model, tok, constants = source
+    papa = convert(model, constants, HEADS, tokenizer=tok, storage="compact", compact_band=2, compact_rank=1)
+    healed = heal(source, papa if freeze else None, train="lora", freeze_constants=freeze)
     out = save_checkpoint(healed, tmp_path / "healed", tokenizer=tok, recipe=healed.papa_recipe)
     recipe = json.loads((out / "papa_recipe.json").read_text())
     assert recipe["healing"]["train"] == "lora" and recipe["healing"]["heldout_after"]["loss"] > 0
-    assert (out / "README.md").read_text().count("## Healing") == 1
+    assert recipe["healing"]["freeze_constants"] is freeze
+    card = (out / "README.md").read_text()
+    assert card.count("## Healing") == 1
+    assert ("the constants kept as converted" in card and "(constants frozen)" in card) is freeze
+    assert ("plus the constants" in card) is not freeze
     enc = tok(SENTENCES, padding=True, return_tensors="pt")
     with torch.no_grad():
         expected = healed(**enc).last_hidden_state

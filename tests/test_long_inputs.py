@@ -11,6 +11,7 @@ import json
 import pytest
 import torch
 from conftest import cli
+from safetensors.torch import load_file
 from test_checkpoint import LOADER, fresh_python, loader_job
 
 import papa_surgery
@@ -193,6 +194,18 @@ def test_dense_work_that_cannot_fit_is_refused_before_it_starts(tiny, tiny_folde
     done = cli("heal", ckpt, "--teacher", folder, "--corpus", corpus, "--heldout", "1", "--steps", "1",
                "--out", tmp_path / "healed")  # fmt: skip
     assert done.exit_code == 1 and "healing (it trains the constants) at L=4096" in done.output, done.output
+    assert "--freeze-constants" in done.output and not (tmp_path / "healed").exists()
+    # the fix it names: the constants kept as stored (compact), the other weights healed
+    done = cli("heal", ckpt, "--teacher", folder, "--corpus", corpus, "--heldout", "1", "--steps", "1", "--train",
+               "lora", "--freeze-constants", "--batch-size", "1", "--out", tmp_path / "healed")  # fmt: skip
+    assert done.exit_code == 0, done.output
+    before, after = (load_file(str(f / "model.safetensors")) for f in (ckpt, tmp_path / "healed"))
+    assert before.keys() == after.keys()
+    kept = [k for k in before if k.rpartition(".")[2] in (*COMPACT_PARTS, "papa_constants")]
+    assert kept and all(torch.equal(after[k], before[k]) for k in kept)
+    assert any(not torch.equal(after[k], before[k]) for k in before if k not in kept)
+    healing = json.loads((tmp_path / "healed" / "papa_recipe.json").read_text())["healing"]
+    assert healing["freeze_constants"] is True and healing["train"] == "lora"
 
 
 def test_compact_constants_at_a_long_length_refuse_dense_uses(tiny):

@@ -39,11 +39,14 @@ def healing_table(record: dict | None) -> str:
     if not record:
         return ""
     trained = TRAINED.get(record.get("train"), str(record.get("train"))).format(rank=record.get("lora_rank"))
+    if record.get("freeze_constants"):  # healed around the constants, which stayed as converted
+        trained = trained.replace(", plus the constants", "") + "; the constants kept as converted"
     processes = record.get("processes") or 1
     steps = f"{record.get('steps')} x {record.get('batch_size')} examples" + (
         f" x {processes} processes" if processes > 1 else ""
     )
-    schedule = f"{record.get('schedule')}; peak lr {record.get('lr') or '-'} (constants {record.get('constants_lr')})"
+    constants_lr = "frozen" if record.get("freeze_constants") else record.get("constants_lr")
+    schedule = f"{record.get('schedule')}; peak lr {record.get('lr') or '-'} (constants {constants_lr})"
     rows = [
         ("teacher", f"`{record.get('teacher')}` (the source model)"),
         ("corpus", f"{record.get('corpus')}, {record.get('training_examples')} examples "

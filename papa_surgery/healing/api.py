@@ -46,7 +46,9 @@ def heal(
         batch_size, seed, max_examples, device, progress: how the run goes (examples per step, data order).
         state_path: a resume file: a run stopped midway resumes from its last evaluation when called again.
         **options: :class:`papa_surgery.options.HealOptions` (``steps``, ``train``, ``lr``, ``constants_lr``,
-            ``objective``, ``embedding_weight``, ``warmup``, ``heldout``, ``eval_every``, ``lora_rank``).
+            ``freeze_constants``, ``objective``, ``embedding_weight``, ``warmup``, ``heldout``, ``eval_every``,
+            ``lora_rank``). ``freeze_constants=True`` (lora, full) keeps the constants as stored: a checkpoint
+            whose constants are too long to train as dense (L, L) matrices heals that way.
 
     Returns:
         The healed PAPA model; ``model.papa_recipe["healing"]`` records the run (teacher, corpus, steps, what

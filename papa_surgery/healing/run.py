@@ -165,7 +165,7 @@ def heal_model(
     device, restore = borrow(teacher, device)
     try:
         torch.manual_seed(seed)  # LoRA's initial A matrices
-        trainable = prepare(papa, options.train, options.lora_rank)
+        trainable = prepare(papa, options.train, options.lora_rank, freeze_constants=options.freeze_constants)
         trainable.model.to(device)
         held = HeldOut(teacher, tokenizer, heldout, max_length, pairs, objective, batch_size)
         before = held.measure(papa)
@@ -206,7 +206,8 @@ def heal_model(
         "batch_size": batch_size,
         "processes": world_size(),
         "lr": settings.lr if options.train != "constants" else None,
-        "constants_lr": settings.constants_lr,
+        "constants_lr": None if options.freeze_constants else settings.constants_lr,
+        "freeze_constants": options.freeze_constants,
         "schedule": f"linear warm-up over {settings.warmup:g} of the steps, then cosine decay; AdamW, clip 1.0",
         "seed": seed,
         "seconds": round(history["seconds"], 1),

@@ -6,6 +6,9 @@
   merged into the weights at the end;
 - ``full``: every weight of the transformer layers, plus the constants.
 
+With ``freeze_constants`` (lora and full) the constants do not train: the student is a copy of the PAPA model as it
+is, its constants kept in their storage (compact at a long L), so nothing dense (L, L) is made.
+
 The embeddings stay frozen in every mode: the token, position and type embeddings are the source's, so a word the
 healing corpus never showed keeps the input the source gives it (trained embeddings drift for the corpus's words
 only, and text of another source then meets two vocabularies). The constants train as ``exp(theta)`` with
@@ -23,6 +26,7 @@ from dataclasses import dataclass, field
 
 from torch import nn
 
+from ..failures import on_command_line, spell
 from ..registry import TRAIN_MODES
 
 FLOOR = 1e-8  # exp(theta) never reaches an exact zero; cells below this start at it
@@ -39,6 +43,7 @@ class Trainable:
     weights: list[nn.Parameter]  # the other trained parameters (LoRA adapters or layer weights)
     targets: tuple[str, ...] = ()  # the modules LoRA adapts
     hooks: list = field(default_factory=list)  # the pre-hooks that set papa_constants = exp(theta)
+    frozen_constants: bool = False  # the constants stayed as the PAPA model stored them (no theta, no rebuild)
 
     @property
     def parameters(self) -> dict[str, nn.Parameter]:
@@ -50,32 +55,47 @@ class Trainable:
         return sum(p.numel() for p in (*self.constants, *self.weights))
 
 
-def prepare(papa, mode: str, lora_rank: int = 16, lora_alpha: float | None = None) -> Trainable:
-    """A trainable copy of the PAPA model ``papa`` (never changed) for ``mode`` (``TRAIN_MODES``)."""
+def prepare(
+    papa, mode: str, lora_rank: int = 16, lora_alpha: float | None = None, freeze_constants: bool = False
+) -> Trainable:
+    """A trainable copy of the PAPA model ``papa`` (never changed) for ``mode`` (``TRAIN_MODES``); with
+    ``freeze_constants`` (lora, full) the constants stay as ``papa`` stores them and do not train."""
+    import copy
+
     from ..conversion.surgery import rebuild_papa_model
 
     if mode not in TRAIN_MODES:
         raise ValueError(f"unknown training mode {mode!r}; choose one of {', '.join(TRAIN_MODES)}")
-    _check_dense_constants(papa)
-    student = rebuild_papa_model(papa, trainable_constants=True, storage="dense", dtype="float32")
+    if freeze_constants and mode == "constants":
+        raise ValueError("freeze_constants leaves nothing to train in the constants mode; train lora or full")
+    if freeze_constants:  # a copy, not a rebuild: a rebuild makes every constant head a dense (L, L) matrix
+        student = copy.deepcopy(papa)
+        student.papa_recipe = getattr(papa, "papa_recipe", None)
+        thetas, hooks = [], []
+    else:
+        _check_dense_constants(papa)
+        student = rebuild_papa_model(papa, trainable_constants=True, storage="dense", dtype="float32")
     student.eval()  # no dropout: the targets are deterministic and so is the student
     for p in student.parameters():
         p.requires_grad_(False)
-    thetas, hooks = _log_constants(student)
+    if not freeze_constants:
+        thetas, hooks = _log_constants(student)
     if mode == "constants":
         return Trainable(student, student, mode, thetas, [], hooks=hooks)
     if mode == "full":
         frozen = {id(p) for p in _embedding_parameters(student)} | {id(t) for t in thetas}
+        if freeze_constants:  # constants a checkpoint holds as a parameter (--trainable-constants) stay too
+            frozen |= {id(p) for name, p in student.named_parameters() if name.rpartition(".")[2].startswith("papa_")}
         weights = [p for name, p in student.named_parameters() if id(p) not in frozen and _in_layers(name, student)]
         for p in weights:
             p.requires_grad_(True)
-        return Trainable(student, student, mode, thetas, weights, hooks=hooks)
+        return Trainable(student, student, mode, thetas, weights, hooks=hooks, frozen_constants=freeze_constants)
     targets = lora_targets(student)
     model = _with_lora(student, targets, lora_rank, lora_alpha)
     for theta in thetas:
         theta.requires_grad_(True)  # peft froze every parameter but its adapters
     weights = [p for name, p in model.named_parameters() if "lora_" in name]
-    return Trainable(model, student, mode, thetas, weights, targets, hooks)
+    return Trainable(model, student, mode, thetas, weights, targets, hooks, frozen_constants=freeze_constants)
 
 
 def _check_dense_constants(papa) -> None:
@@ -86,7 +106,10 @@ def _check_dense_constants(papa) -> None:
 
     heads = len(constant_heads_of(papa))
     length = int(papa.config.papa_max_length)
-    fix = "heal a checkpoint converted at a smaller max_length"
+    keep = spell("freeze_constants", True) + (" (convert: --heal-freeze-constants)" if on_command_line() else "")
+    fix = (
+        f"heal a checkpoint converted at a smaller max_length, or keep its constants as they are ({keep}, lora or full)"
+    )
     budget.check_dense_fits("healing (it trains the constants)", heads, length, budget.CORPUS_PASS, fix)
 
 
@@ -99,6 +122,10 @@ def finish(trained: Trainable, storage: str = "auto", dtype=None, compact=None):
     student = trained.student
     if trained.mode == "lora":
         student = trained.model.merge_and_unload()  # W + B A scaled, in place: plain Linear layers again
+    if trained.frozen_constants:  # stored as the PAPA model stored them: nothing to store back
+        for p in student.parameters():
+            p.requires_grad_(True)  # as a model from_pretrained gives it (what a rebuild returns)
+        return student.eval()
     for hook in trained.hooks:
         hook.remove()
     for module in attention_modules(student):

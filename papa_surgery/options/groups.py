@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import click
 
 from .. import registry
+from ..failures import ArgumentError
 from .checks import FRACTION, POSITIVE_FLOAT, POSITIVE_INT, SLOTS, Checked, DeviceType, FractionListType, opt
 
 DEFAULT_CORPUS_HELP = (
@@ -99,6 +100,12 @@ class HealOptions(Checked):
         type=POSITIVE_FLOAT,
     )
     constants_lr: float = opt("Peak learning rate of the constants (Adam on log C).", 0.01, type=POSITIVE_FLOAT)
+    freeze_constants: bool = opt(
+        "Keep the constants as they are (train lora or full): they stay in the checkpoint's storage, so a "
+        "long-input checkpoint heals without its constants as dense (L, L) matrices.",
+        False,
+        is_flag=True,
+    )
     objective: str = opt(
         "What the healed model matches: every layer's hidden states (variance-normalised) or the last's, and/or the "
         "sentence-transformers embedding; auto: layers+embedding for a sentence-transformers source, else layers.",
@@ -120,6 +127,14 @@ class HealOptions(Checked):
         "The source model to heal toward (a Hub id, a folder, or minilm). Default: the source named in the "
         "checkpoint's papa_recipe.json."
     )
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.freeze_constants and self.train == "constants":
+            raise ArgumentError(
+                "freeze_constants",
+                "leaves nothing to train: the constants mode trains the constants only (train lora or full)",
+            )
 
     def learning_rate(self) -> float:
         """The trained weights' peak learning rate: the given one or the mode's default."""
