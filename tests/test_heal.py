@@ -349,6 +349,15 @@ def test_cli_convert_with_heal_steps_and_heal_a_checkpoint(tiny, tmp_path):
     result = runner.invoke(main, ["convert", str(src), "--fraction", "0.5", "--heal-train", "full", *common,
                                   "--out", str(tmp_path / "d")])  # fmt: skip
     assert result.exit_code == 2 and "--heal-train" in result.output and "--heal-steps" in result.output
+    # the constants kept as converted; a mode that would train nothing is refused under convert's own flag names
+    frozen = ["--heal-steps", "4", "--heal-heldout", "8", "--heal-freeze-constants"]
+    result = runner.invoke(main, [*convert_args, *frozen, "--out", str(tmp_path / "e")])
+    assert result.exit_code == 0, result.output
+    recipe = json.loads((tmp_path / "e" / "papa_recipe.json").read_text())
+    assert recipe["healing"]["freeze_constants"] is True and "--heal-freeze-constants" in recipe["command"]
+    result = runner.invoke(main, [*convert_args, *frozen, "--heal-train", "constants", "--out", str(tmp_path / "f")])
+    assert result.exit_code == 2 and "'--heal-freeze-constants'" in result.output, result.output
+    assert not (tmp_path / "f").exists()
 
 
 def test_heal_options_defaults_come_from_the_registry():

@@ -255,7 +255,10 @@ def optional_group(cls, kwargs: dict, prefix: str, switch: str):
             name = _prefixed(next(iter(given)), prefix)
             raise ArgumentError(name, f"does nothing without {flag(_prefixed(switch, prefix))}")
         return None
-    return cls(**given)
+    try:
+        return cls(**given)
+    except ArgumentError as err:  # a field of the group, named as this command spells it (--heal-...)
+        raise ArgumentError(_prefixed(err.argument, prefix), err.detail) from None
 
 
 def split_kwargs(kwargs: dict, *classes) -> tuple:
