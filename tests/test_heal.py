@@ -116,7 +116,10 @@ def test_frozen_constants_stay_as_stored_while_the_rest_heals(source, train):
         record = healed.papa_recipe["healing"]
         assert record["freeze_constants"] is True and record["constants_lr"] is None and record["train"] == train
     # with the constants fixed, training the rest alone still lowers the held-out objective
-    record = heal(source, train=train, freeze_constants=True, lr=3e-3).papa_recipe["healing"]
+    papa = converted(source)
+    with torch.no_grad():  # run first: its copy keeps the output-capturing hooks the objective reads through
+        papa(**tok(CORPUS[:2], padding=True, return_tensors="pt"), output_hidden_states=True)
+    record = heal(source, papa, train=train, freeze_constants=True, lr=3e-3).papa_recipe["healing"]
     before, after = record["heldout_before"], record["heldout_after"]
     assert after["loss"] < 0.9 * before["loss"], (before, after)
 
@@ -134,6 +137,21 @@ def test_frozen_constants_with_the_constants_mode_is_refused(source, tiny, tmp_p
                                        "--out", str(tmp_path / "o")])  # fmt: skip
     assert result.exit_code == 2 and "--freeze-constants" in result.output and "leaves nothing" in result.output
     assert not (tmp_path / "o").exists()
+
+
+def test_healed_rows_written_before_an_option_existed_resume_at_its_default():
+    """A results file's healed rows recorded every HealOptions field of their time: a field added since
+    (``freeze_constants``) was at its default there, so the same settings resume and another value is refused."""
+    from papa_surgery.experiments.results import Cell, check_options
+
+    now = HealOptions(steps=4).kwargs()
+    before = {k: v for k, v in now.items() if k != "freeze_constants"}
+    rows = [{"model": "m", "task": "sst2", "kind": "average+healed", "options": {"heal_options": before}}]
+    cell = Cell("m", "sst2", 1.0, "average+healed", "variance", 0)
+    check_options(rows, cell, {"heal_options": now}, "r.jsonl")
+    frozen = HealOptions(steps=4, freeze_constants=True).kwargs()
+    with pytest.raises(ValueError, match="r.jsonl holds sst2 results of m made with heal_options"):
+        check_options(rows, cell, {"heal_options": frozen}, "r.jsonl")
 
 
 def test_deterministic_for_a_seed(source):
@@ -237,7 +255,7 @@ def test_a_healed_checkpoint_loads_in_a_fresh_process_without_papa_surgery_or_pe
     assert recipe["healing"]["freeze_constants"] is freeze
     card = (out / "README.md").read_text()
     assert card.count("## Healing") == 1
-    assert ("the constants kept as converted" in card and "(constants frozen)" in card) is freeze
+    assert ("the constants kept as stored" in card and "(constants frozen)" in card) is freeze
     assert ("plus the constants" in card) is not freeze
     enc = tok(SENTENCES, padding=True, return_tensors="pt")
     with torch.no_grad():

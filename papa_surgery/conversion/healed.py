@@ -31,7 +31,8 @@ def healing_line(record: dict | None) -> str | None:
     cosines = ""
     if after and before:
         cosines = f"; held-out sentence cosine {before['sentence_cosine']:.4f} -> {after['sentence_cosine']:.4f}"
-    return f"{record.get('train')} for {record.get('steps')} steps toward {record.get('teacher')}{cosines}"
+    frozen = " (constants frozen)" if record.get("freeze_constants") else ""
+    return f"{record.get('train')}{frozen} for {record.get('steps')} steps toward {record.get('teacher')}{cosines}"
 
 
 def healing_table(record: dict | None) -> str:
@@ -39,8 +40,8 @@ def healing_table(record: dict | None) -> str:
     if not record:
         return ""
     trained = TRAINED.get(record.get("train"), str(record.get("train"))).format(rank=record.get("lora_rank"))
-    if record.get("freeze_constants"):  # healed around the constants, which stayed as converted
-        trained = trained.replace(", plus the constants", "") + "; the constants kept as converted"
+    if record.get("freeze_constants"):  # healed around the constants, which stayed as stored
+        trained = trained.replace(", plus the constants", "") + "; the constants kept as stored"
     processes = record.get("processes") or 1
     steps = f"{record.get('steps')} x {record.get('batch_size')} examples" + (
         f" x {processes} processes" if processes > 1 else ""

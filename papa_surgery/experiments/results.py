@@ -114,6 +114,10 @@ def check_options(rows: list[dict], cell: Cell, options: dict, path) -> None:
             continue  # written before rows recorded their options: cannot be compared
         if split_healed(str(row.get("kind", "")))[0] == "sharpened" and "sharpen_search" not in recorded:
             recorded = {**recorded, "sharpen_search": "walk"}  # fitted before rows recorded it: the default was walk
+        if isinstance(recorded.get("heal_options"), dict):  # an option added since was at its default then
+            from ..options import HealOptions
+
+            recorded = {**recorded, "heal_options": {**HealOptions().kwargs(), **recorded["heal_options"]}}
         for name, value in options.items():
             if name in recorded and recorded[name] != value:
                 raise ValueError(

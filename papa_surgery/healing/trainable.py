@@ -7,7 +7,8 @@
 - ``full``: every weight of the transformer layers, plus the constants.
 
 With ``freeze_constants`` (lora and full) the constants do not train: the student is a copy of the PAPA model as it
-is, its constants kept in their storage (compact at a long L), so nothing dense (L, L) is made.
+is, its constants kept in their storage (compact at a long L), so no dense (L, L) parameter, gradient or Adam state
+is made for them.
 
 The embeddings stay frozen in every mode: the token, position and type embeddings are the source's, so a word the
 healing corpus never showed keeps the input the source gives it (trained embeddings drift for the corpus's words
@@ -26,7 +27,7 @@ from dataclasses import dataclass, field
 
 from torch import nn
 
-from ..failures import on_command_line, spell
+from ..failures import on_command_line
 from ..registry import TRAIN_MODES
 
 FLOOR = 1e-8  # exp(theta) never reaches an exact zero; cells below this start at it
@@ -60,8 +61,6 @@ def prepare(
 ) -> Trainable:
     """A trainable copy of the PAPA model ``papa`` (never changed) for ``mode`` (``TRAIN_MODES``); with
     ``freeze_constants`` (lora, full) the constants stay as ``papa`` stores them and do not train."""
-    import copy
-
     from ..conversion.surgery import rebuild_papa_model
 
     if mode not in TRAIN_MODES:
@@ -69,8 +68,7 @@ def prepare(
     if freeze_constants and mode == "constants":
         raise ValueError("freeze_constants leaves nothing to train in the constants mode; train lora or full")
     if freeze_constants:  # a copy, not a rebuild: a rebuild makes every constant head a dense (L, L) matrix
-        student = copy.deepcopy(papa)
-        student.papa_recipe = getattr(papa, "papa_recipe", None)
+        student = _copy_as_stored(papa)
         thetas, hooks = [], []
     else:
         _check_dense_constants(papa)
@@ -98,6 +96,21 @@ def prepare(
     return Trainable(model, student, mode, thetas, weights, targets, hooks, frozen_constants=freeze_constants)
 
 
+def _copy_as_stored(papa):
+    """``papa`` copied with its constants as stored, without the dense matrices cached from compact parts, and
+    stamped with this version. Its hooks come along: transformers' output-capturing hooks, which healing's
+    hidden-state objective reads, are installed once per model and marked so."""
+    import copy
+
+    from .. import __version__
+
+    student = copy.deepcopy(papa)
+    for module in student.modules():
+        module.__dict__.pop("_papa_rebuilt", None)  # (Hc, L, L) rebuilt once from compact parts: the copy remakes it
+    student.config.papa_surgery_version = __version__
+    return student
+
+
 def _check_dense_constants(papa) -> None:
     """ValueError, before anything is allocated, when the constant heads' dense (L, L) matrices, trained as
     parameters with their gradients and Adam state, would not fit this machine's memory (a long L)."""
@@ -106,10 +119,8 @@ def _check_dense_constants(papa) -> None:
 
     heads = len(constant_heads_of(papa))
     length = int(papa.config.papa_max_length)
-    keep = spell("freeze_constants", True) + (" (convert: --heal-freeze-constants)" if on_command_line() else "")
-    fix = (
-        f"heal a checkpoint converted at a smaller max_length, or keep its constants as they are ({keep}, lora or full)"
-    )
+    keep = "--freeze-constants or convert's --heal-freeze-constants" if on_command_line() else "freeze_constants=True"
+    fix = f"heal a checkpoint converted at a smaller max_length, or keep its constants as stored: {keep}, lora or full"
     budget.check_dense_fits("healing (it trains the constants)", heads, length, budget.CORPUS_PASS, fix)
 
 
