@@ -139,6 +139,25 @@ def test_frozen_constants_with_the_constants_mode_is_refused(source, tiny, tmp_p
     assert not (tmp_path / "o").exists()
 
 
+@pytest.mark.parametrize("storage", ["dense", "compact"])
+def test_a_model_converted_under_inference_mode_runs_and_heals(source, storage):
+    """Constants made under ``torch.inference_mode()`` are inference tensors, which have no version counter: the
+    runtime's caches keyed on versions must still run them (in and out of inference mode), and healing copies them."""
+    model, tok, constants = source
+    kwargs = {"storage": storage, **({"compact_band": 2, "compact_rank": 1} if storage == "compact" else {})}
+    expected = convert(model, constants, HEADS, tokenizer=tok, **kwargs)
+    enc = tok(CORPUS[:3], padding=True, return_tensors="pt")
+    with torch.inference_mode():
+        papa = convert(model, constants, HEADS, tokenizer=tok, **kwargs)
+        inside = papa(**enc).last_hidden_state
+    with torch.no_grad():
+        torch.testing.assert_close(inside.clone(), expected(**enc).last_hidden_state, rtol=0, atol=0)
+        torch.testing.assert_close(papa(**enc).last_hidden_state, inside.clone(), rtol=0, atol=0)
+    for freeze in (False, True):
+        healed = heal(source, papa, train="full", freeze_constants=freeze, steps=2, eval_every=2)
+        assert healed.papa_recipe["healing"]["steps"] == 2
+
+
 def test_healed_rows_written_before_an_option_existed_resume_at_its_default():
     """A results file's healed rows recorded every HealOptions field of their time: a field added since
     (``freeze_constants``) was at its default there, so the same settings resume and another value is refused."""

@@ -122,6 +122,12 @@ def add_compact_constants(module, heads: int, layout: CompactLayout, dtype: torc
     module.papa_compact_layout = layout
 
 
+def version_of(tensor: torch.Tensor) -> int:
+    """``tensor``'s in-place version, the key of the caches built from constants; -1 for an inference tensor (a
+    model built under ``torch.inference_mode()``), which has no version counter and cannot change outside it."""
+    return -1 if tensor.is_inference() else tensor._version
+
+
 def constants_of(module) -> torch.Tensor:
     """(Hc, L, L) constant matrices of a PAPA attention module, dense or rebuilt from compact parts.
 
@@ -135,7 +141,7 @@ def constants_of(module) -> torch.Tensor:
     parts = {name: getattr(module, name) for name in COMPACT_PARTS}
     if is_tracing():
         return rebuild(parts, layout)
-    key = tuple((t.data_ptr(), t._version, t.device, t.dtype) for t in parts.values())
+    key = tuple((t.data_ptr(), version_of(t), t.device, t.dtype) for t in parts.values())
     cached = module.__dict__.get("_papa_rebuilt")
     if cached is None or cached[0] != key:
         with torch.no_grad():

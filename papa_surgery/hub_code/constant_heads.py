@@ -32,7 +32,7 @@ from collections.abc import Sequence
 
 import torch
 
-from .compact_constants import COMPACT_PARTS, CompactLayout, constants_of, rebuild
+from .compact_constants import COMPACT_PARTS, CompactLayout, constants_of, rebuild, version_of
 from .dense_slots import DenseSlots
 from .heads import select_heads
 from .slot_plan import SlotPlan
@@ -79,13 +79,13 @@ def prepared_constants(module, dtype: torch.dtype) -> torch.Tensor:
     sources = _sources(module)
     entry = _PREPARED.get(module)
     if entry is not None and entry[0] == dtype and len(entry[1]) == len(sources):
-        if all(ref() is t and version == t._version for (ref, version), t in zip(entry[1], sources, strict=True)):
+        if all(ref() is t and version == version_of(t) for (ref, version), t in zip(entry[1], sources, strict=True)):
             return entry[2]
     # Built outside inference mode, so that a later forward with autograd on can still use it.
     with torch.inference_mode(False), torch.no_grad():
         matrix = _dense(module).to(dtype)
         matrix = torch.roll(matrix.clamp_min(0) if _clamps(module) else matrix, shifts=(1, 1), dims=(1, 2))
-    _PREPARED[module] = (dtype, [(weakref.ref(t), t._version) for t in sources], matrix)
+    _PREPARED[module] = (dtype, [(weakref.ref(t), version_of(t)) for t in sources], matrix)
     return matrix
 
 
