@@ -6,10 +6,10 @@ corpus, the steps, what trained and the held-out agreement before and after. Tor
 
 from __future__ import annotations
 
-TRAINED = {
-    "lora": "LoRA adapters (rank {rank}) on the value, attention-output and feed-forward layers, plus the constants; "
+TRAINED = {  # {constants}: ", plus the constants" where they trained too
+    "lora": "LoRA adapters (rank {rank}) on the value, attention-output and feed-forward layers{constants}; "
     "merged into the weights",
-    "full": "every weight of the transformer layers (not the embeddings), plus the constants",
+    "full": "every weight of the transformer layers (not the embeddings){constants}",
     "constants": "the constant matrices only",
 }
 
@@ -39,14 +39,15 @@ def healing_table(record: dict | None) -> str:
     """The model card's healing table (markdown; empty when the checkpoint was not healed)."""
     if not record:
         return ""
-    trained = TRAINED.get(record.get("train"), str(record.get("train"))).format(rank=record.get("lora_rank"))
-    if record.get("freeze_constants"):  # healed around the constants, which stayed as stored
-        trained = trained.replace(", plus the constants", "") + "; the constants kept as stored"
+    frozen = bool(record.get("freeze_constants"))  # healed around the constants, which stayed as stored
+    trained = TRAINED.get(record.get("train"), str(record.get("train"))).format(
+        rank=record.get("lora_rank"), constants="" if frozen else ", plus the constants"
+    ) + ("; the constants kept as stored" if frozen else "")
     processes = record.get("processes") or 1
     steps = f"{record.get('steps')} x {record.get('batch_size')} examples" + (
         f" x {processes} processes" if processes > 1 else ""
     )
-    constants_lr = "frozen" if record.get("freeze_constants") else record.get("constants_lr")
+    constants_lr = "frozen" if frozen else record.get("constants_lr")
     schedule = f"{record.get('schedule')}; peak lr {record.get('lr') or '-'} (constants {constants_lr})"
     rows = [
         ("teacher", f"`{record.get('teacher')}` (the source model)"),

@@ -106,6 +106,9 @@ def locked(path: str | Path):
 def check_options(rows: list[dict], cell: Cell, options: dict, path) -> None:
     """ValueError when ``path`` holds rows of the same model, task and protocol made with other score-changing
     options."""
+    from ..options import HealOptions
+
+    heal_defaults = HealOptions().kwargs()  # what a healed row recorded before a field existed: its default
     for row in rows:
         if (row.get("model"), row.get("task"), protocol(row)) != (cell.model, cell.task, cell.protocol):
             continue
@@ -114,10 +117,8 @@ def check_options(rows: list[dict], cell: Cell, options: dict, path) -> None:
             continue  # written before rows recorded their options: cannot be compared
         if split_healed(str(row.get("kind", "")))[0] == "sharpened" and "sharpen_search" not in recorded:
             recorded = {**recorded, "sharpen_search": "walk"}  # fitted before rows recorded it: the default was walk
-        if isinstance(recorded.get("heal_options"), dict):  # an option added since was at its default then
-            from ..options import HealOptions
-
-            recorded = {**recorded, "heal_options": {**HealOptions().kwargs(), **recorded["heal_options"]}}
+        if isinstance(recorded.get("heal_options"), dict):
+            recorded = {**recorded, "heal_options": {**heal_defaults, **recorded["heal_options"]}}
         for name, value in options.items():
             if name in recorded and recorded[name] != value:
                 raise ValueError(

@@ -65,19 +65,15 @@ def prepare(
 
     if mode not in TRAIN_MODES:
         raise ValueError(f"unknown training mode {mode!r}; choose one of {', '.join(TRAIN_MODES)}")
-    if freeze_constants and mode == "constants":
-        raise ValueError("freeze_constants leaves nothing to train in the constants mode; train lora or full")
     if freeze_constants:  # a copy, not a rebuild: a rebuild makes every constant head a dense (L, L) matrix
-        student = _copy_as_stored(papa)
-        thetas, hooks = [], []
+        student = _copy_as_stored(papa)  # (HealOptions refuses it with the constants mode: nothing would train)
     else:
         _check_dense_constants(papa)
         student = rebuild_papa_model(papa, trainable_constants=True, storage="dense", dtype="float32")
     student.eval()  # no dropout: the targets are deterministic and so is the student
     for p in student.parameters():
         p.requires_grad_(False)
-    if not freeze_constants:
-        thetas, hooks = _log_constants(student)
+    thetas, hooks = ([], []) if freeze_constants else _log_constants(student)
     if mode == "constants":
         return Trainable(student, student, mode, thetas, [], hooks=hooks)
     if mode == "full":
