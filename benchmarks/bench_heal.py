@@ -22,12 +22,13 @@ by default per layer by the walk, as bench_heal-sharpened-start was measured; ``
 default) instead of the average, with a sharpened row in place of the distilled one. ``--method sensitivity`` ranks
 the heads as ``convert``'s default does (each head made constant alone, on the corpus's first 32 examples) instead of
 by variance; it changes which heads a fraction strictly between 0 and 1 makes constant, and is named in the folders
-under ``--work``.
+under ``--work``. ``--heal-corpus mixed`` (or ``sst2-train``) heals on other text than the excerpt (see ``heal_text``;
+calibration stays on the excerpt), to measure how much the healing text decides.
 
 Run: python benchmarks/bench_heal.py [--data ../shared/data] [--steps N] [--fractions 0.5,1] [--modes lora,full]
      [--start average|sharpened] [--search walk|per-head] [--method variance|sensitivity] [--probe-train 4000]
      [--probe-fractions 1] [--pool 1000] [--work bench-heal-work]
-     [--threads N] [--json F]
+     [--heal-corpus excerpt|mixed|sst2-train] [--heal-examples 20000] [--threads N] [--json F]
 """
 
 from __future__ import annotations
@@ -47,6 +48,28 @@ from provenance import add_save_option, start_record
 def sst2_sentences(data: Path, split: str) -> list[str]:
     with open(data / "glue" / "sst2" / f"{split}.tsv", encoding="utf-8") as f:
         return [row["sentence"].strip() for row in csv.DictReader(f, delimiter="\t")]
+
+
+def heal_text(data: Path, name: str, n: int) -> list[str]:
+    """Healing text other than the excerpt, ``n`` lines shuffled with seed 0: ``mixed`` (general English of many
+    genres: the MNLI dev sentences, ten genres from fiction to telephone speech, and the UD English-EWT training
+    sentences: weblogs, newsgroups, emails, reviews, answers) or ``sst2-train`` (SST-2 training sentences after the
+    neighbour pool's first 1,000: text of the measured kind, an upper bound for healing on one's own text)."""
+    import random
+
+    if name == "sst2-train":
+        lines = sst2_sentences(data, "train")[1000:]
+    else:
+        lines = []
+        for split in ("matched", "mismatched"):
+            with open(data / "glue" / "mnli" / f"multinli_1.0_dev_{split}.csv", encoding="utf-8") as f:
+                for row in csv.DictReader(f):
+                    lines += [row["sentence1"], row["sentence2"]]
+        with open(data / "ud_ewt" / "en_ewt-ud-train.conllu", encoding="utf-8") as f:
+            lines += [line[len("# text = ") :] for line in f if line.startswith("# text = ")]
+    lines = sorted({line.strip() for line in lines if len(line.split()) >= 3})
+    random.Random(0).shuffle(lines)
+    return lines[:n]
 
 
 def mrpc_pairs(data: Path, split: str) -> tuple[list[tuple[str, str]], list[int]]:
@@ -112,6 +135,11 @@ def main() -> None:
     )  # fmt: skip
     parser.add_argument("--search", choices=SHARPEN_SEARCHES, default="walk", help="how --start sharpened fits")
     parser.add_argument("--method", choices=["variance", "sensitivity"], default="variance", help="the ranking")
+    parser.add_argument(
+        "--heal-corpus", choices=["excerpt", "mixed", "sst2-train"], default="excerpt",
+        help="the text healing trains on (calibration stays on the excerpt): see heal_text",
+    )  # fmt: skip
+    parser.add_argument("--heal-examples", type=int, default=20000, help="lines of a --heal-corpus other than excerpt")
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--json", default=None, help="also write the rows here")
     add_save_option(parser)
@@ -128,6 +156,10 @@ def main() -> None:
     model, tok = load_source(str(path))
     pipeline, _ = sentence_pipeline(str(path))
     corpus = bundled_corpus()
+    healing_corpus, healed_on = corpus, ""
+    if args.heal_corpus != "excerpt":
+        healing_corpus = heal_text(data, args.heal_corpus, args.heal_examples)
+        healed_on = f"-on-{args.heal_corpus}-{len(healing_corpus)}"
     dev, pool = sst2_sentences(data, "dev")[: args.limit], sst2_sentences(data, "train")[: args.pool]
     mrpc = tuple(tuple(part[: args.limit] for part in mrpc_pairs(data, split)) for split in ("train", "eval"))
 
@@ -225,8 +257,10 @@ def main() -> None:
         for mode in args.modes.split(","):
             heal = HealOptions(steps=args.steps, train=mode)
             healed, seconds = made(
-                f"healed-{mode}-{fraction:g}-{args.steps}{ranked}" + suffix.replace(" from ", "-") + fit,
-                lambda heal=heal, papa=papa: heal_model(papa, model, tok, corpus, heal, batch_size=args.batch_size),
+                f"healed-{mode}-{fraction:g}-{args.steps}{ranked}" + suffix.replace(" from ", "-") + fit + healed_on,
+                lambda heal=heal, papa=papa: heal_model(
+                    papa, model, tok, healing_corpus, heal, batch_size=args.batch_size
+                ),
             )
             out.append(measure(f"healed-{mode}{suffix}", fraction, healed, calibration + start_seconds + seconds))
         return out
@@ -234,8 +268,9 @@ def main() -> None:
     for fraction in (float(f) for f in args.fractions.split(",")):
         rows += rows_at(fraction)
 
-    print(f"\nall-MiniLM-L6-v2, L={length}, calibrated and healed on the bundled WikiText-2 excerpt "
-          f"({len(corpus)} lines), {args.steps} healing steps x {args.batch_size}; load average at end "
+    healed_text = "the excerpt" if not healed_on else f"{len(healing_corpus)} lines of {args.heal_corpus} text"
+    print(f"\nall-MiniLM-L6-v2, L={length}, calibrated on the bundled WikiText-2 excerpt ({len(corpus)} lines), "
+          f"healed on {healed_text}, {args.steps} healing steps x {args.batch_size}; load average at end "
           f"{os.getloadavg()}")  # fmt: skip
     header = ("row", "fraction", "sent cos", "worst", "token cos", "top-10", "MRPC acc", "MRPC F1", "SST-2 probe", "s")
     print("| " + " | ".join(header) + " |\n|" + "---|" * len(header))
