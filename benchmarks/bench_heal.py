@@ -28,7 +28,7 @@ calibration stays on the excerpt), to measure how much the healing text decides.
 Run: python benchmarks/bench_heal.py [--data ../shared/data] [--steps N] [--fractions 0.5,1] [--modes lora,full]
      [--start average|sharpened] [--search walk|per-head] [--method variance|sensitivity] [--probe-train 4000]
      [--probe-fractions 1] [--pool 1000] [--work bench-heal-work]
-     [--heal-corpus excerpt|mixed|sst2-train] [--heal-examples 20000] [--threads N] [--json F]
+     [--heal-corpus excerpt|mixed|ewt|sst2-train] [--heal-examples 20000] [--threads N] [--json F]
 """
 
 from __future__ import annotations
@@ -57,14 +57,15 @@ def heal_text(data: Path, name: str, n: int) -> list[str]:
     neighbour pool's first 1,000: text of the measured kind, an upper bound for healing on one's own text)."""
     import random
 
+    lines = []
     if name == "sst2-train":
         lines = sst2_sentences(data, "train")[1000:]
-    else:
-        lines = []
+    if name == "mixed":
         for split in ("matched", "mismatched"):
             with open(data / "glue" / "mnli" / f"multinli_1.0_dev_{split}.csv", encoding="utf-8") as f:
                 for row in csv.DictReader(f):
                     lines += [row["sentence1"], row["sentence2"]]
+    if name in ("mixed", "ewt"):
         with open(data / "ud_ewt" / "en_ewt-ud-train.conllu", encoding="utf-8") as f:
             lines += [line[len("# text = ") :] for line in f if line.startswith("# text = ")]
     lines = sorted({line.strip() for line in lines if len(line.split()) >= 3})
@@ -136,7 +137,7 @@ def main() -> None:
     parser.add_argument("--search", choices=SHARPEN_SEARCHES, default="walk", help="how --start sharpened fits")
     parser.add_argument("--method", choices=["variance", "sensitivity"], default="variance", help="the ranking")
     parser.add_argument(
-        "--heal-corpus", choices=["excerpt", "mixed", "sst2-train"], default="excerpt",
+        "--heal-corpus", choices=["excerpt", "mixed", "ewt", "sst2-train"], default="excerpt",
         help="the text healing trains on (calibration stays on the excerpt): see heal_text",
     )  # fmt: skip
     parser.add_argument("--heal-examples", type=int, default=20000, help="lines of a --heal-corpus other than excerpt")
