@@ -51,23 +51,21 @@ def sst2_sentences(data: Path, split: str) -> list[str]:
 
 
 def heal_text(data: Path, name: str, n: int) -> list[str]:
-    """Healing text other than the excerpt, ``n`` lines shuffled with seed 0: ``mixed`` (general English of many
-    genres: the MNLI dev sentences, ten genres from fiction to telephone speech, and the UD English-EWT training
-    sentences: weblogs, newsgroups, emails, reviews, answers) or ``sst2-train`` (SST-2 training sentences after the
-    neighbour pool's first 1,000: text of the measured kind, an upper bound for healing on one's own text)."""
+    """Healing text other than the excerpt, at most ``n`` lines shuffled with seed 0: ``ewt`` (the default healing
+    corpus, papa_surgery.calibration.default_healing_corpus: the UD English-EWT training sentences, weblogs,
+    newsgroups, emails, reviews, answers), ``mixed`` (those and the MNLI dev sentences, ten genres from fiction to
+    telephone speech) or ``sst2-train`` (SST-2 training sentences after the neighbour pool's first 1,000: text of the
+    measured kind, an upper bound for healing on one's own text)."""
     import random
 
-    lines = []
-    if name == "sst2-train":
-        lines = sst2_sentences(data, "train")[1000:]
+    from papa_surgery.calibration import default_healing_corpus
+
+    lines = sst2_sentences(data, "train")[1000:] if name == "sst2-train" else list(default_healing_corpus())
     if name == "mixed":
         for split in ("matched", "mismatched"):
             with open(data / "glue" / "mnli" / f"multinli_1.0_dev_{split}.csv", encoding="utf-8") as f:
                 for row in csv.DictReader(f):
                     lines += [row["sentence1"], row["sentence2"]]
-    if name in ("mixed", "ewt"):
-        with open(data / "ud_ewt" / "en_ewt-ud-train.conllu", encoding="utf-8") as f:
-            lines += [line[len("# text = ") :] for line in f if line.startswith("# text = ")]
     lines = sorted({line.strip() for line in lines if len(line.split()) >= 3})
     random.Random(0).shuffle(lines)
     return lines[:n]

@@ -369,6 +369,7 @@ def test_cli_convert_with_heal_steps_and_heal_a_checkpoint(tiny, tmp_path):
     assert result.exit_code == 0, result.output
     recipe = json.loads((tmp_path / "a" / "papa_recipe.json").read_text())
     assert recipe["healing"]["steps"] == 4 and recipe["healing"]["train"] == DEFAULT_TRAIN == "full"
+    assert "corpus.txt" in recipe["healing"]["corpus"] and "corpus.txt" in recipe["corpus"]["description"]
     assert "--heal-steps 4" in recipe["command"]
     # heal an unhealed checkpoint: the teacher must be named (the source was a local folder)
     result = runner.invoke(main, [*convert_args, "--out", str(tmp_path / "b")])
@@ -395,6 +396,40 @@ def test_cli_convert_with_heal_steps_and_heal_a_checkpoint(tiny, tmp_path):
     result = runner.invoke(main, [*convert_args, *frozen, "--heal-train", "constants", "--out", str(tmp_path / "f")])
     assert result.exit_code == 2 and "'--heal-freeze-constants'" in result.output, result.output
     assert not (tmp_path / "f").exists()
+
+
+def test_without_a_corpus_healing_trains_on_the_bundled_ewt_sentences_and_calibration_keeps_its_default(
+    tiny, tmp_path
+):
+    """No --corpus: convert calibrates on the default corpus (offline the WikiText excerpt) and heals on the default
+    healing corpus (the bundled UD English-EWT sentences), as `heal` and papa_surgery.heal do; a corpus given is
+    used for both (the test above)."""
+    from click.testing import CliRunner
+
+    import papa_surgery
+    from papa_surgery.cli import main
+
+    src = tiny.save("bert", tmp_path / "src")
+    runner = CliRunner()
+    quick = ["--batch-size", "8", "--max-examples", "64"]
+    result = runner.invoke(main, ["-q", "convert", str(src), "--fraction", "1", "--max-length", str(L), *quick,
+                                  "--heal-steps", "2", "--heal-heldout", "8", "--out", str(tmp_path / "a")])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    recipe = json.loads((tmp_path / "a" / "papa_recipe.json").read_text())
+    assert "wikitext2_valid_excerpt" in recipe["corpus"]["description"]
+    assert "ud_ewt_train_sentences" in recipe["healing"]["corpus"] and "UD English-EWT" in recipe["healing"]["corpus"]
+    assert recipe["healing"]["training_examples"] + recipe["healing"]["heldout_examples"] == 64  # --max-examples
+    result = runner.invoke(main, ["-q", "heal", str(tmp_path / "a"), *quick, "--steps", "2", "--heldout", "8",
+                                  "--teacher", str(src), "--out", str(tmp_path / "b")])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    healing = json.loads((tmp_path / "b" / "papa_recipe.json").read_text())["healing"]
+    assert "ud_ewt_train_sentences" in healing["corpus"]
+    help_text = " ".join(runner.invoke(main, ["heal", "--help"]).output.split())
+    assert "Default: the bundled UD English-EWT training sentences" in help_text
+    model, tok = tiny.model("bert"), tiny.tokenizer("bert")
+    papa = convert(model, Constants.from_kind("uniform", 2, 4, L), HEADS, tokenizer=tok, fraction=0.75)
+    healed = papa_surgery.heal(papa, tok, teacher=model, progress=False, batch_size=8, max_examples=64, **QUICK)
+    assert "ud_ewt_train_sentences" in healed.papa_recipe["healing"]["corpus"]
 
 
 def test_heal_options_defaults_come_from_the_registry():
@@ -424,7 +459,7 @@ def test_a_probe_sweep_scores_each_kind_converted_and_healed_and_the_report_show
     assert sorted(by) == [("average", 0.0), ("average", 1.0), ("average+healed", 0.0), ("average+healed", 1.0)]
     assert by[("average+healed", 0.0)]["reused_from"]["kind"] == "average"  # fraction 0: nothing to heal
     healing = by[("average+healed", 1.0)]["healing"]
-    assert healing["steps"] == 3 and healing["train"] == "lora"
+    assert healing["steps"] == 3 and healing["train"] == "lora" and "sst2 training texts" in healing["corpus"]
     assert healing["heldout_sentence_cosine_after"] is not None and "healing" not in by[("average", 1.0)]
     assert by[("average+healed", 1.0)]["options"]["heal_options"]["steps"] == 3
     table = table_kinds(rows, fraction=1.0)
@@ -435,6 +470,11 @@ def test_a_probe_sweep_scores_each_kind_converted_and_healed_and_the_report_show
         run_sweep(other, tmp_path / "rows.jsonl", progress=False)
     with pytest.raises(ValueError, match="labeled-average"):
         SweepConfig(model=str(src), kinds=("labeled-average",), heal_options=heal_options).validate()
+    # --corpus default: calibrated on the default corpus, healed on the default healing corpus
+    default = SweepConfig(**{**cfg.__dict__, "corpus": "default", "fractions": (1.0,), "max_calibration_examples": 64})
+    rows = run_sweep(default, tmp_path / "default.jsonl", progress=False)
+    healed = next(r for r in rows if r["kind"] == "average+healed")
+    assert "ud_ewt_train_sentences" in healed["healing"]["corpus"]
 
 
 def test_cli_heal_stopped_midway_writes_nothing_and_the_rerun_resumes(tiny, tmp_path, monkeypatch):

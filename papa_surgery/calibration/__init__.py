@@ -12,7 +12,7 @@ compact: long inputs), and ``data_free`` (the data-free kinds in either storage)
 
 from .average import calibrate
 from .constants import Constants
-from .corpus import Corpus, bundled_corpus, default_corpus, load_corpus
+from .corpus import Corpus, bundled_corpus, default_corpus, default_healing_corpus, load_corpus
 from .coverage import CoverageWarning
 from .encoding import encode
 from .structured_constants import StructuredConstants
@@ -25,6 +25,7 @@ __all__ = [
     "bundled_corpus",
     "calibrate",
     "default_corpus",
+    "default_healing_corpus",
     "encode",
     "load_corpus",
 ]

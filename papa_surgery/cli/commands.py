@@ -30,6 +30,12 @@ from ..options import (
 from .context import given, progress_of, verbosity
 from .recorded import command_line
 
+HEALING_CORPUS_HELP = (
+    "Healing corpus: unlabelled text the model learns its source's outputs on, anything calibrate's --corpus reads. "
+    "Default: the bundled UD English-EWT training sentences (10,767 sentences of web text in five genres), online "
+    "or not; text like your own heals further."
+)
+
 
 def _tuning(ctx) -> tuple[str, ...]:
     """The options that tune one kind (``DistillOptions``) the user set: refused for constants of another kind."""
@@ -158,7 +164,10 @@ def rank(ctx, model, constants, **kwargs):
 @click.pass_context
 @scale_out
 def convert(ctx, model, do_push, **kwargs):
-    """Make a PAPA checkpoint: calibrate, rank, convert, heal (--heal-steps N), write the folder (and --push it)."""
+    """Make a PAPA checkpoint: calibrate, rank, convert, heal (--heal-steps N), write the folder (and --push it).
+
+    Healing trains on --corpus when it is given, else on the default healing corpus (see heal --help).
+    """
     from ..conversion.inspection import describe
     from ..workflow.jobs import run_convert
 
@@ -183,7 +192,7 @@ def convert(ctx, model, do_push, **kwargs):
 
 @click.command()
 @click.argument("checkpoint")
-@click_options(CalibrationOptions, only=("corpus", "max_examples"))
+@click_options(CalibrationOptions, only=("corpus", "max_examples"), helps={"corpus": HEALING_CORPUS_HELP})
 @click_options(HealOptions)
 @click_options(RunOptions)
 @click.option("--out", required=True, type=click.Path(file_okay=False), help="Output folder: the healed checkpoint.")

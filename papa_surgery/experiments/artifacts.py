@@ -171,10 +171,15 @@ class SweepArtifacts:
         return self.flow.constants(kind, corpus=corpus, max_length=length, heads=heads, distill=distill)
 
     def heal(self, model, spec: str, task):
-        """``model`` (converted for a cell) healed toward the source on the cell's calibration corpus."""
+        """``model`` (converted for a cell) healed toward the source on the cell's calibration corpus (where that
+        is the default corpus, the default healing corpus: ``open_healing_corpus``)."""
         from ..options import HealOptions
+        from ..workflow import open_healing_corpus
 
-        corpus = self.open_corpus(spec, task)
+        if spec == DEFAULT_CORPUS or (spec == TASK_CORPUS and task.kind == "mlm"):
+            corpus = open_healing_corpus(None, max_examples=self.config.max_calibration_examples)
+        else:
+            corpus = self.open_corpus(spec, task)
         return self.flow.heal(model, corpus, HealOptions(**self.config.heal_options))
 
     # ---------------------------------------------------------------------------------------- ranking

@@ -48,8 +48,9 @@ class SweepConfig:
         save_artifacts: save constants and rankings in ``<results>.artifacts/`` (and reuse them on resume).
         rank_options: extra keyword arguments for ``ranking.lambda_rank`` training (lambda methods only).
         heal_options: :class:`papa_surgery.options.HealOptions` fields (``steps``, ``train``, ...); given, every
-            kind's converted model is also healed on the cell's calibration corpus and scored as the kind
-            ``<kind>+healed`` (``registry.healed_label``); empty (the default): no healing.
+            kind's converted model is also healed on the cell's calibration corpus (``"default"``: the default
+            healing corpus) and scored as the kind ``<kind>+healed`` (``registry.healed_label``); empty (the
+            default): no healing.
         distill_options: keyword arguments for ``distill.distill`` (``steps``, ``objective``, ``lr``) of the
             ``distilled`` kind, which distils the calibrated average for each cell's constant heads.
         sharpen_search: how the ``sharpened`` kind fits its exponents for each cell's constant heads

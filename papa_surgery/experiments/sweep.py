@@ -239,8 +239,8 @@ def _recipe(model: str) -> dict:
 
 def healing_summary(record: dict) -> dict:
     """What a healed cell's row keeps of the healing record: how it trained and the held-out agreement."""
-    keep = ("train", "freeze_constants", "steps", "batch_size", "objective", "lr", "constants_lr", "seconds",
-            "training_examples")  # fmt: skip
+    keep = ("train", "freeze_constants", "corpus", "steps", "batch_size", "objective", "lr", "constants_lr",
+            "seconds", "training_examples")  # fmt: skip
     out = {k: record.get(k) for k in keep}
     for when in ("before", "after"):
         out[f"heldout_sentence_cosine_{when}"] = (record.get(f"heldout_{when}") or {}).get("sentence_cosine")

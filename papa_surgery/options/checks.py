@@ -199,8 +199,16 @@ def _prefixed(name: str, prefix: str | None) -> str:
     return f"{prefix}_{name}" if prefix else name
 
 
-def click_options(cls, only: tuple[str, ...] | None = None, prefix: str | None = None, switch: str | None = None):
+def click_options(
+    cls,
+    only: tuple[str, ...] | None = None,
+    prefix: str | None = None,
+    switch: str | None = None,
+    helps: dict[str, str] | None = None,
+):
     """Decorator adding one click option per field of the dataclass ``cls`` (in field order; ``only`` those).
+
+    ``helps`` replaces a field's help where one command reads the option its own way (``heal --corpus``).
 
     ``prefix`` names the options ``--<prefix>-<name>`` (parameter ``<prefix>_<name>``) where a command holds the
     group as an optional extra beside options it would clash with (``convert --heal-steps`` beside the lambda
@@ -218,7 +226,7 @@ def click_options(cls, only: tuple[str, ...] | None = None, prefix: str | None =
             if meta["short"] and not prefix:
                 names.insert(0, meta["short"])
             kwargs = dict(meta["click"])
-            help_text = meta["help"]
+            help_text = (helps or {}).get(f.name, meta["help"])
             if prefix:  # unset unless given: the group is off without its switch (optional_group)
                 if f.name == switch:
                     help_text += f" Off unless given; the other {flag(prefix)}-* options then apply."

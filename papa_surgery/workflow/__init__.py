@@ -4,6 +4,6 @@
 names to files) and ``preflight`` (the checks a job runs before its first expensive step).
 """
 
-from .steps import Cache, Workflow, open_corpus
+from .steps import Cache, Workflow, open_corpus, open_healing_corpus
 
-__all__ = ["Cache", "Workflow", "open_corpus"]
+__all__ = ["Cache", "Workflow", "open_corpus", "open_healing_corpus"]

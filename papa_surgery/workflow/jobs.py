@@ -34,7 +34,7 @@ from .preflight import (
     preflight_ranking,
     write_output,
 )
-from .steps import Workflow, analyze, open_corpus
+from .steps import Workflow, analyze, open_corpus, open_healing_corpus
 
 logger = logging.getLogger("papa_surgery")
 
@@ -129,7 +129,7 @@ def run_convert(
     method = None if ranking or every_or_none else registry.method(rank.convert_method(length, pairs))
     if method is not None and ((given is None and method.constants is not None) or method.corpus):
         reads_corpus = True  # the ranking calibrates what it reads, or runs the model on the corpus
-    reads_corpus = reads_corpus or heal is not None  # healing trains on the calibration corpus
+    reads_corpus = reads_corpus or (heal is not None and cal.corpus is not None)  # healing trains on a given one
     corpus = open_corpus(cal.corpus, pairs=pairs, max_examples=cal.max_examples) if reads_corpus else None
     preflight_ranking(rank)
     flow = _workflow(model_name, run, source, progress)
@@ -186,7 +186,8 @@ def run_convert(
     if heal is not None:
         from ..healing.state import HealState, state_path
 
-        papa = flow.heal(papa, corpus, heal, max_examples=cal.max_examples, state_path=state_path(out))
+        healing = corpus if cal.corpus is not None else None  # None: the default healing corpus, not calibration's
+        papa = flow.heal(papa, healing, heal, max_examples=cal.max_examples, state_path=state_path(out))
     agree()  # under torchrun / accelerate launch: rank 0 writes and pushes, once every rank is done
     if not is_main_process():
         return out
@@ -234,7 +235,7 @@ def run_heal(
             f"{spell('heal_steps')} heals while converting)",
         )
     pairs = getattr(config, "papa_calibrated_on", None) == "pairs"
-    corpus = open_corpus(cal.corpus, pairs=pairs, max_examples=cal.max_examples)
+    corpus = open_healing_corpus(cal.corpus, pairs=pairs, max_examples=cal.max_examples)
     student, tokenizer = load_model(checkpoint, run)
     student.papa_recipe = _recipe_of(path)
     teacher = teacher_name(student, heal.teacher)

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .. import registry
-from ..calibration.corpus import Corpus, default_corpus, load_corpus
+from ..calibration.corpus import Corpus, default_corpus, default_healing_corpus, load_corpus
 from ..options import ArgumentError, DistillOptions, HealOptions, RunOptions, spell
 
 logger = logging.getLogger("papa_surgery")
@@ -61,6 +61,15 @@ def open_corpus(corpus=None, *, pairs: bool = False, max_examples: int | None = 
             "pairs", f"{spell('pairs', True)} needs a corpus of sentence pairs (the default corpus is single sentences)"
         )
     return default_corpus(max_examples=max_examples)
+
+
+def open_healing_corpus(corpus=None, *, pairs: bool = False, max_examples: int | None = None) -> Corpus:
+    """A healing corpus: anything :func:`open_corpus` reads, or ``None`` for the default healing corpus
+    (:func:`papa_surgery.calibration.default_healing_corpus`: the bundled UD English-EWT sentences, web text of five
+    genres, on which healing carries to other text further than on the one-genre calibration default)."""
+    if corpus is not None or pairs:  # pairs: open_corpus says a corpus of pairs must be given
+        return open_corpus(corpus, pairs=pairs, max_examples=max_examples)
+    return default_healing_corpus(max_examples=max_examples)
 
 
 def corpus_key(corpus: Corpus) -> tuple:
@@ -337,7 +346,8 @@ class Workflow:
     def heal(self, papa, corpus=None, options: HealOptions | None = None, *, max_examples=None, state_path=None):
         """``papa`` healed toward this workflow's source model (the teacher) on ``corpus``.
 
-        ``corpus=None`` reads the default corpus (sentence pairs need one given). ``options``: steps, what trains,
+        ``corpus=None`` reads the default healing corpus (:func:`open_healing_corpus`; sentence pairs need one
+        given). ``options``: steps, what trains,
         learning rates, objective (:class:`~papa_surgery.options.HealOptions`); the batch size, seed and device
         are the workflow's. The returned model's ``papa_recipe["healing"]`` records the run and its held-out
         agreement before and after (:func:`papa_surgery.healing.heal_model`).
@@ -346,7 +356,7 @@ class Workflow:
 
         pairs = getattr(papa.config, "papa_calibrated_on", None) == "pairs"
         if not isinstance(corpus, Corpus):
-            corpus = open_corpus(corpus, pairs=pairs, max_examples=max_examples)
+            corpus = open_healing_corpus(corpus, pairs=pairs, max_examples=max_examples)
         return heal_model(
             papa,
             self.model,

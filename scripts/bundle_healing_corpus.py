@@ -1,0 +1,41 @@
+"""Write papa_surgery/data/ud_ewt_train_sentences.txt, the default healing corpus, from UD English-EWT.
+
+The sentences of the English Web Treebank's training split (UD v2.16; weblogs, newsgroups, emails, reviews and
+answers; CC BY-SA 4.0, Silveira et al. 2014), read from the ``# text =`` lines of ``en_ewt-ud-train.conllu`` in the
+shared data folder: those of three words or more, each once, shuffled with seed 0 (the file's order is the order
+healing holds out every k-th line from). benchmarks/results/bench_heal-heal-corpus-ewt.txt measured healing on it.
+
+Run: python scripts/bundle_healing_corpus.py [--data ../shared/data]
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+TARGET = ROOT / "papa_surgery" / "data" / "ud_ewt_train_sentences.txt"
+TEXT = "# text = "
+
+
+def ewt_sentences(data: Path) -> list[str]:
+    """The EWT training sentences, as the bundled file holds them."""
+    with open(data / "ud_ewt" / "en_ewt-ud-train.conllu", encoding="utf-8") as f:
+        lines = [line[len(TEXT) :] for line in f if line.startswith(TEXT)]
+    lines = sorted({line.strip() for line in lines if len(line.split()) >= 3})
+    random.Random(0).shuffle(lines)
+    return lines
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--data", default=str(ROOT.parent / "shared" / "data"))
+    args = parser.parse_args()
+    lines = ewt_sentences(Path(args.data))
+    TARGET.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    print(f"wrote {TARGET} ({len(lines):,} sentences)")
+
+
+if __name__ == "__main__":
+    main()
