@@ -398,9 +398,7 @@ def test_cli_convert_with_heal_steps_and_heal_a_checkpoint(tiny, tmp_path):
     assert not (tmp_path / "f").exists()
 
 
-def test_without_a_corpus_healing_trains_on_the_bundled_ewt_sentences_and_calibration_keeps_its_default(
-    tiny, tmp_path
-):
+def test_without_a_corpus_healing_trains_on_the_bundled_ewt_sentences(tiny, tmp_path):
     """No --corpus: convert calibrates on the default corpus (offline the WikiText excerpt) and heals on the default
     healing corpus (the bundled UD English-EWT sentences), as `heal` and papa_surgery.heal do; a corpus given is
     used for both (the test above)."""
@@ -412,8 +410,9 @@ def test_without_a_corpus_healing_trains_on_the_bundled_ewt_sentences_and_calibr
     src = tiny.save("bert", tmp_path / "src")
     runner = CliRunner()
     quick = ["--batch-size", "8", "--max-examples", "64"]
+    healing = ["--heal-steps", "2", "--heal-heldout", "8"]
     result = runner.invoke(main, ["-q", "convert", str(src), "--fraction", "1", "--max-length", str(L), *quick,
-                                  "--heal-steps", "2", "--heal-heldout", "8", "--out", str(tmp_path / "a")])  # fmt: skip
+                                  *healing, "--out", str(tmp_path / "a")])  # fmt: skip
     assert result.exit_code == 0, result.output
     recipe = json.loads((tmp_path / "a" / "papa_recipe.json").read_text())
     assert "wikitext2_valid_excerpt" in recipe["corpus"]["description"]
