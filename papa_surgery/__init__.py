@@ -6,7 +6,7 @@
     constants = papa_surgery.calibrate(model, tok, max_examples=1000)
     ranking = papa_surgery.rank("variance", constants=constants)
     papa = papa_surgery.convert(model, constants, ranking, fraction=0.5, tokenizer=tok)
-    healed = papa_surgery.heal(papa, tok)          # label-free, toward the source, on the default corpus
+    healed = papa_surgery.heal(papa, tok)          # label-free, toward the source, on the default healing corpus
     papa_surgery.save(healed, "minilm-papa-0.5", tokenizer=tok)
 
 The workflow functions (:mod:`papa_surgery.api`) and the ``Constants`` / ``Ranking`` objects load on first

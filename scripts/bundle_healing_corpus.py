@@ -11,17 +11,22 @@ Run: python scripts/bundle_healing_corpus.py [--data ../shared/data]
 from __future__ import annotations
 
 import argparse
+import hashlib
 import random
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 TARGET = ROOT / "papa_surgery" / "data" / "ud_ewt_train_sentences.txt"
 TEXT = "# text = "
+SHA256 = "3fb78e2b55482c8ee00caa653af436c88c9e5bc9a73ce26e4ae3ddc79d2b7e7b"  # en_ewt-ud-train.conllu of UD v2.16
 
 
 def ewt_sentences(data: Path) -> list[str]:
-    """The EWT training sentences, as the bundled file holds them."""
-    with open(data / "ud_ewt" / "en_ewt-ud-train.conllu", encoding="utf-8") as f:
+    """The EWT training sentences, as the bundled file holds them (papa_surgery/data/NOTICE.md says where from)."""
+    source = data / "ud_ewt" / "en_ewt-ud-train.conllu"
+    if hashlib.sha256(source.read_bytes()).hexdigest() != SHA256:
+        raise SystemExit(f"{source} is not UD v2.16's en_ewt-ud-train.conllu (sha256 {SHA256}), which NOTICE.md names")
+    with open(source, encoding="utf-8") as f:
         lines = [line[len(TEXT) :] for line in f if line.startswith(TEXT)]
     lines = sorted({line.strip() for line in lines if len(line.split()) >= 3})
     random.Random(0).shuffle(lines)

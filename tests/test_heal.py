@@ -418,6 +418,8 @@ def test_without_a_corpus_healing_trains_on_the_bundled_ewt_sentences(tiny, tmp_
     assert "wikitext2_valid_excerpt" in recipe["corpus"]["description"]
     assert "ud_ewt_train_sentences" in recipe["healing"]["corpus"] and "UD English-EWT" in recipe["healing"]["corpus"]
     assert recipe["healing"]["training_examples"] + recipe["healing"]["heldout_examples"] == 64  # --max-examples
+    shown = runner.invoke(main, ["inspect", str(tmp_path / "a")]).output  # which text healed it, beside calibration's
+    assert "steps toward" in shown and "on text file ud_ewt_train_sentences.txt (UD English-EWT" in shown, shown
     result = runner.invoke(main, ["-q", "heal", str(tmp_path / "a"), *quick, "--steps", "2", "--heldout", "8",
                                   "--teacher", str(src), "--out", str(tmp_path / "b")])  # fmt: skip
     assert result.exit_code == 0, result.output
@@ -425,6 +427,15 @@ def test_without_a_corpus_healing_trains_on_the_bundled_ewt_sentences(tiny, tmp_
     assert "ud_ewt_train_sentences" in healing["corpus"]
     help_text = " ".join(runner.invoke(main, ["heal", "--help"]).output.split())
     assert "Default: the bundled UD English-EWT training sentences" in help_text
+    # a checkpoint of sentence-pair constants: refused before anything loads, naming --corpus
+    pairs = (f"{a}\t{b}" for a, b in zip(CORPUS[:-1], CORPUS[1:], strict=True))
+    (tmp_path / "pairs.txt").write_text("\n".join(pairs) + "\n")
+    pair_args = ["--pairs", "--corpus", str(tmp_path / "pairs.txt"), "--max-length", str(L), "--batch-size", "8"]
+    result = runner.invoke(main, ["-q", "convert", str(src), "--fraction", "1", *pair_args, "--out", tmp_path / "p"])
+    assert result.exit_code == 0, result.output
+    result = runner.invoke(main, ["heal", str(tmp_path / "p"), "--teacher", str(src), "--out", str(tmp_path / "q")])
+    assert result.exit_code == 2 and "'--corpus'" in result.output and "pairs" in result.output, result.output
+    assert not (tmp_path / "q").exists()
     model, tok = tiny.model("bert"), tiny.tokenizer("bert")
     papa = convert(model, Constants.from_kind("uniform", 2, 4, L), HEADS, tokenizer=tok, fraction=0.75)
     healed = papa_surgery.heal(papa, tok, teacher=model, progress=False, batch_size=8, max_examples=64, **QUICK)

@@ -32,7 +32,8 @@ def healing_line(record: dict | None) -> str | None:
     if after and before:
         cosines = f"; held-out sentence cosine {before['sentence_cosine']:.4f} -> {after['sentence_cosine']:.4f}"
     frozen = " (constants frozen)" if record.get("freeze_constants") else ""
-    return f"{record.get('train')}{frozen} for {record.get('steps')} steps toward {record.get('teacher')}{cosines}"
+    on = f" on {record['corpus']}" if record.get("corpus") else ""  # healing's corpus need not be calibration's
+    return f"{record.get('train')}{frozen} for {record.get('steps')} steps toward {record.get('teacher')}{on}{cosines}"
 
 
 def healing_table(record: dict | None) -> str:

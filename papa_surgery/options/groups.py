@@ -49,7 +49,7 @@ class CalibrationOptions(Checked):
         type=SLOTS,
     )
     pairs: bool = opt("The corpus holds sentence pairs (middle separator at slot L/2).", False, is_flag=True)
-    max_examples: int | None = opt("Use at most this many corpus examples.", None, type=POSITIVE_INT)
+    max_examples: int | None = opt("Use at most this many examples of each corpus read.", None, type=POSITIVE_INT)
 
 
 @dataclass(frozen=True)
@@ -323,7 +323,7 @@ class SweepOptions(Checked):
     )
     corpus: str | None = opt(
         "Calibration corpus: the task's own unlabelled training text (the paper's, default), 'default' (the "
-        "workflow's default corpus), task:NAME (another task's text), or anything --corpus of calibrate takes."
+        "workflow's default corpus; healing: its own), task:NAME (another task's), or anything calibrate reads."
     )
     max_length: int | None = opt("Slots L (default: the task's App. B length).", type=SLOTS)
     max_train_examples: int | None = opt("Cap training examples per task.", type=POSITIVE_INT)

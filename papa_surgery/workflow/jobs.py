@@ -34,7 +34,7 @@ from .preflight import (
     preflight_ranking,
     write_output,
 )
-from .steps import Workflow, analyze, open_corpus, open_healing_corpus
+from .steps import Workflow, analyze, check_healing_corpus, open_corpus, open_healing_corpus
 
 logger = logging.getLogger("papa_surgery")
 
@@ -129,6 +129,8 @@ def run_convert(
     method = None if ranking or every_or_none else registry.method(rank.convert_method(length, pairs))
     if method is not None and ((given is None and method.constants is not None) or method.corpus):
         reads_corpus = True  # the ranking calibrates what it reads, or runs the model on the corpus
+    if heal is not None:
+        check_healing_corpus(cal.corpus, pairs)
     reads_corpus = reads_corpus or (heal is not None and cal.corpus is not None)  # healing trains on a given one
     corpus = open_corpus(cal.corpus, pairs=pairs, max_examples=cal.max_examples) if reads_corpus else None
     preflight_ranking(rank)

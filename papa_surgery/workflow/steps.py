@@ -67,9 +67,21 @@ def open_healing_corpus(corpus=None, *, pairs: bool = False, max_examples: int |
     """A healing corpus: anything :func:`open_corpus` reads, or ``None`` for the default healing corpus
     (:func:`papa_surgery.calibration.default_healing_corpus`: the bundled UD English-EWT sentences, web text of five
     genres, on which healing carries to other text further than on the one-genre calibration default)."""
-    if corpus is not None or pairs:  # pairs: open_corpus says a corpus of pairs must be given
+    check_healing_corpus(corpus, pairs)
+    if corpus is not None:
         return open_corpus(corpus, pairs=pairs, max_examples=max_examples)
     return default_healing_corpus(max_examples=max_examples)
+
+
+def check_healing_corpus(corpus, pairs: bool) -> None:
+    """ArgumentError, before anything loads, when a model calibrated on sentence pairs would heal on the default
+    healing corpus (single sentences)."""
+    if corpus is None and pairs:
+        raise ArgumentError(
+            "corpus",
+            f"a model of sentence-pair constants heals on sentence pairs, and the default healing corpus is single "
+            f"sentences: pass a corpus of pairs ({spell('corpus')}, a TAB between the two sentences of a line)",
+        )
 
 
 def corpus_key(corpus: Corpus) -> tuple:
