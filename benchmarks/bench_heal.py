@@ -28,7 +28,7 @@ calibration stays on the excerpt), to measure how much the healing text decides.
 Run: python benchmarks/bench_heal.py [--data ../shared/data] [--steps N] [--fractions 0.5,1] [--modes lora,full]
      [--start average|sharpened] [--search walk|per-head] [--method variance|sensitivity] [--probe-train 4000]
      [--probe-fractions 1] [--pool 1000] [--work bench-heal-work]
-     [--heal-corpus excerpt|mixed|ewt|sst2-train] [--heal-examples 20000] [--threads N] [--json F]
+     [--heal-corpus excerpt|mixed|ewt|ewt+excerpt|sst2-train] [--heal-examples 20000] [--threads N] [--json F]
 """
 
 from __future__ import annotations
@@ -51,16 +51,18 @@ def sst2_sentences(data: Path, split: str) -> list[str]:
 
 
 def heal_text(data: Path, name: str, n: int) -> list[str]:
-    """Healing text other than the excerpt, at most ``n`` lines shuffled with seed 0: ``ewt`` (the default healing
-    corpus, papa_surgery.calibration.default_healing_corpus: the UD English-EWT training sentences, weblogs,
-    newsgroups, emails, reviews, answers), ``mixed`` (those and the MNLI dev sentences, ten genres from fiction to
-    telephone speech) or ``sst2-train`` (SST-2 training sentences after the neighbour pool's first 1,000: text of the
-    measured kind, an upper bound for healing on one's own text)."""
+    """Healing text other than the excerpt, at most ``n`` lines shuffled with seed 0: ``ewt`` (the UD English-EWT
+    training sentences bundled with the package: weblogs, newsgroups, emails, reviews, answers), ``ewt+excerpt``
+    (those and the excerpt's lines), ``mixed`` (the EWT sentences and the MNLI dev sentences, ten genres from fiction
+    to telephone speech) or ``sst2-train`` (SST-2 training sentences after the neighbour pool's first 1,000: text of
+    the measured kind, an upper bound for healing on one's own text)."""
     import random
 
-    from papa_surgery.calibration import default_healing_corpus
+    from papa_surgery.calibration import bundled_corpus, default_healing_corpus
 
     lines = sst2_sentences(data, "train")[1000:] if name == "sst2-train" else list(default_healing_corpus())
+    if name == "ewt+excerpt":
+        lines += list(bundled_corpus())
     if name == "mixed":
         for split in ("matched", "mismatched"):
             with open(data / "glue" / "mnli" / f"multinli_1.0_dev_{split}.csv", encoding="utf-8") as f:
@@ -135,7 +137,7 @@ def main() -> None:
     parser.add_argument("--search", choices=SHARPEN_SEARCHES, default="walk", help="how --start sharpened fits")
     parser.add_argument("--method", choices=["variance", "sensitivity"], default="variance", help="the ranking")
     parser.add_argument(
-        "--heal-corpus", choices=["excerpt", "mixed", "ewt", "sst2-train"], default="excerpt",
+        "--heal-corpus", choices=["excerpt", "mixed", "ewt", "ewt+excerpt", "sst2-train"], default="excerpt",
         help="the text healing trains on (calibration stays on the excerpt): see heal_text",
     )  # fmt: skip
     parser.add_argument("--heal-examples", type=int, default=20000, help="lines of a --heal-corpus other than excerpt")
