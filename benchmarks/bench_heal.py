@@ -53,15 +53,16 @@ def sst2_sentences(data: Path, split: str) -> list[str]:
 def heal_text(data: Path, name: str, n: int) -> list[str]:
     """Healing text other than the excerpt, at most ``n`` lines shuffled with seed 0: ``ewt`` (the UD English-EWT
     training sentences bundled with the package: weblogs, newsgroups, emails, reviews, answers), ``ewt+excerpt``
-    (those and the excerpt's lines), ``mixed`` (the EWT sentences and the MNLI dev sentences, ten genres from fiction
-    to telephone speech) or ``sst2-train`` (SST-2 training sentences after the neighbour pool's first 1,000: text of
-    the measured kind, an upper bound for healing on one's own text)."""
+    (those and the excerpt's lines: the default healing corpus), ``mixed`` (the EWT sentences and the MNLI dev
+    sentences, ten genres from fiction to telephone speech) or ``sst2-train`` (SST-2 training sentences after the
+    neighbour pool's first 1,000: text of the measured kind, an upper bound for healing on one's own text)."""
     import random
 
-    from papa_surgery.calibration import bundled_corpus, default_healing_corpus
+    from papa_surgery.calibration import bundled_corpus, load_corpus
+    from papa_surgery.calibration.corpus import healing_corpus_path
 
-    lines = sst2_sentences(data, "train")[1000:] if name == "sst2-train" else list(default_healing_corpus())
-    if name == "ewt+excerpt":
+    lines = sst2_sentences(data, "train")[1000:] if name == "sst2-train" else list(load_corpus(healing_corpus_path()))
+    if name == "ewt+excerpt":  # the default healing corpus (papa_surgery.calibration.default_healing_corpus)
         lines += list(bundled_corpus())
     if name == "mixed":
         for split in ("matched", "mismatched"):

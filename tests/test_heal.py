@@ -400,8 +400,8 @@ def test_cli_convert_with_heal_steps_and_heal_a_checkpoint(tiny, tmp_path):
 
 def test_without_a_corpus_healing_trains_on_the_bundled_ewt_sentences(tiny, tmp_path):
     """No --corpus: convert calibrates on the default corpus (offline the WikiText excerpt) and heals on the default
-    healing corpus (the bundled UD English-EWT sentences), as `heal` and papa_surgery.heal do; a corpus given is
-    used for both (the test above)."""
+    healing corpus (the bundled UD English-EWT sentences and the excerpt), as `heal` and papa_surgery.heal do; a
+    corpus given is used for both (the test above)."""
     from click.testing import CliRunner
 
     import papa_surgery
@@ -416,17 +416,17 @@ def test_without_a_corpus_healing_trains_on_the_bundled_ewt_sentences(tiny, tmp_
     assert result.exit_code == 0, result.output
     recipe = json.loads((tmp_path / "a" / "papa_recipe.json").read_text())
     assert "wikitext2_valid_excerpt" in recipe["corpus"]["description"]
-    assert "ud_ewt_train_sentences" in recipe["healing"]["corpus"] and "UD English-EWT" in recipe["healing"]["corpus"]
+    assert recipe["healing"]["corpus"].startswith("the default healing corpus: the bundled UD English-EWT")
     assert recipe["healing"]["training_examples"] + recipe["healing"]["heldout_examples"] == 64  # --max-examples
     shown = runner.invoke(main, ["inspect", str(tmp_path / "a")]).output  # which text healed it, beside calibration's
-    assert "steps toward" in shown and "on text file ud_ewt_train_sentences.txt (UD English-EWT" in shown, shown
+    assert "steps toward" in shown and "on the default healing corpus: the bundled UD English-EWT" in shown, shown
     result = runner.invoke(main, ["-q", "heal", str(tmp_path / "a"), *quick, "--steps", "2", "--heldout", "8",
                                   "--teacher", str(src), "--out", str(tmp_path / "b")])  # fmt: skip
     assert result.exit_code == 0, result.output
     healing = json.loads((tmp_path / "b" / "papa_recipe.json").read_text())["healing"]
     assert "ud_ewt_train_sentences" in healing["corpus"]
     help_text = " ".join(runner.invoke(main, ["heal", "--help"]).output.split())
-    assert "Default: the bundled UD English-EWT training sentences" in help_text
+    assert "Default: the texts bundled with papa-surgery, the UD English-EWT training sentences" in help_text
     # a checkpoint of sentence-pair constants: refused before anything loads, naming --corpus
     pairs = (f"{a}\t{b}" for a, b in zip(CORPUS[:-1], CORPUS[1:], strict=True))
     (tmp_path / "pairs.txt").write_text("\n".join(pairs) + "\n")

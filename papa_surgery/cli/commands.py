@@ -32,8 +32,8 @@ from .recorded import command_line
 
 HEALING_CORPUS_HELP = (
     "Healing corpus: unlabelled text the model learns its source's outputs on, anything calibrate's --corpus reads. "
-    "Default: the bundled UD English-EWT training sentences (10,767 sentences of web text in five genres), online "
-    "or not; text like your own heals further."
+    "Default: the texts bundled with papa-surgery, the UD English-EWT training sentences (web text of five genres) "
+    "and the WikiText-2 excerpt, online or not; text like your own heals further."
 )
 
 

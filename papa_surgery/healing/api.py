@@ -41,8 +41,8 @@ def heal(
         model: a PAPA model (from :func:`convert`, or loaded) or a PAPA checkpoint folder.
         tokenizer: its tokenizer (default: the checkpoint's, when ``model`` is a folder).
         corpus: unlabelled text as :func:`calibrate` takes it (``None``: the default healing corpus, the bundled
-            UD English-EWT sentences: :func:`papa_surgery.calibration.default_healing_corpus`); the held-out
-            examples (``heldout``) measure the agreement before, during and after.
+            UD English-EWT sentences and WikiText-2 excerpt, :func:`papa_surgery.calibration.default_healing_corpus`);
+            the held-out examples (``heldout``) measure the agreement before, during and after.
         teacher: the source model (a model, a Hub id or a folder; default: the source the model's recipe names).
         batch_size, seed, max_examples, device, progress: how the run goes (examples per step, data order).
         state_path: a resume file: a run stopped midway resumes from its last evaluation when called again.

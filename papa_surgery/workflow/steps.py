@@ -66,7 +66,7 @@ def open_corpus(corpus=None, *, pairs: bool = False, max_examples: int | None = 
 def open_healing_corpus(corpus=None, *, pairs: bool = False, max_examples: int | None = None) -> Corpus:
     """A healing corpus: anything :func:`open_corpus` reads, or ``None`` for the default healing corpus
     (:func:`papa_surgery.calibration.default_healing_corpus`: the bundled UD English-EWT sentences, web text of five
-    genres, on which healing carries to other text further than on the one-genre calibration default)."""
+    genres, and the WikiText-2 excerpt, on which healing carries to other text further than on the excerpt alone)."""
     check_healing_corpus(corpus, pairs)
     if corpus is not None:
         return open_corpus(corpus, pairs=pairs, max_examples=max_examples)
