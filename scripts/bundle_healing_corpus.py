@@ -1,4 +1,4 @@
-"""Write papa_surgery/data/ud_ewt_train_sentences.txt, the default healing corpus, from UD English-EWT.
+"""Write papa_surgery/data/ud_ewt_train_sentences.txt (with the excerpt, the default healing corpus) from UD EWT.
 
 The sentences of the English Web Treebank's training split (UD v2.16; weblogs, newsgroups, emails, reviews and
 answers; CC BY-SA 4.0, Silveira et al. 2014), read from the ``# text =`` lines of ``en_ewt-ud-train.conllu`` in the
