@@ -4,6 +4,7 @@
 names to files) and ``preflight`` (the checks a job runs before its first expensive step).
 """
 
-from .steps import Cache, Workflow, open_corpus, open_healing_corpus
+from .corpora import open_corpus, open_healing_corpus
+from .steps import Cache, Workflow
 
 __all__ = ["Cache", "Workflow", "open_corpus", "open_healing_corpus"]

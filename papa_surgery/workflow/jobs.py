@@ -26,6 +26,7 @@ from ..options import (
     spell,
 )
 from ..options.kind_options import check_kind_options
+from .corpora import check_healing_corpus, open_corpus, open_healing_corpus
 from .preflight import (
     check_max_length,
     check_output_file,
@@ -34,7 +35,7 @@ from .preflight import (
     preflight_ranking,
     write_output,
 )
-from .steps import Workflow, analyze, check_healing_corpus, open_corpus, open_healing_corpus
+from .steps import Workflow, analyze
 
 logger = logging.getLogger("papa_surgery")
 
