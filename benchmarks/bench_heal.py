@@ -56,10 +56,8 @@ def heal_text(data: Path, name: str, n: int) -> list[str]:
     (those and the excerpt's lines: the default healing corpus), ``mixed`` (the EWT sentences and the MNLI dev
     sentences, ten genres from fiction to telephone speech) or ``sst2-train`` (SST-2 training sentences after the
     neighbour pool's first 1,000: text of the measured kind, an upper bound for healing on one's own text)."""
-    import random
-
     from papa_surgery.calibration import bundled_corpus, load_corpus
-    from papa_surgery.calibration.corpus import healing_corpus_path
+    from papa_surgery.calibration.corpus import distinct_shuffled, healing_corpus_path
 
     lines = sst2_sentences(data, "train")[1000:] if name == "sst2-train" else list(load_corpus(healing_corpus_path()))
     if name == "ewt+excerpt":  # the default healing corpus (papa_surgery.calibration.default_healing_corpus)
@@ -69,9 +67,7 @@ def heal_text(data: Path, name: str, n: int) -> list[str]:
             with open(data / "glue" / "mnli" / f"multinli_1.0_dev_{split}.csv", encoding="utf-8") as f:
                 for row in csv.DictReader(f):
                     lines += [row["sentence1"], row["sentence2"]]
-    lines = sorted({line.strip() for line in lines if len(line.split()) >= 3})
-    random.Random(0).shuffle(lines)
-    return lines[:n]
+    return distinct_shuffled(lines)[:n]
 
 
 def mrpc_pairs(data: Path, split: str) -> tuple[list[tuple[str, str]], list[int]]:

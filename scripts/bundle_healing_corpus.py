@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import random
 from pathlib import Path
 
+from papa_surgery.calibration.corpus import distinct_shuffled, healing_corpus_path
+
 ROOT = Path(__file__).resolve().parents[1]
-TARGET = ROOT / "papa_surgery" / "data" / "ud_ewt_train_sentences.txt"
 TEXT = "# text = "
 SHA256 = "3fb78e2b55482c8ee00caa653af436c88c9e5bc9a73ce26e4ae3ddc79d2b7e7b"  # en_ewt-ud-train.conllu of UD v2.16
 
@@ -27,19 +27,16 @@ def ewt_sentences(data: Path) -> list[str]:
     if hashlib.sha256(source.read_bytes()).hexdigest() != SHA256:
         raise SystemExit(f"{source} is not UD v2.16's en_ewt-ud-train.conllu (sha256 {SHA256}), which NOTICE.md names")
     with open(source, encoding="utf-8") as f:
-        lines = [line[len(TEXT) :] for line in f if line.startswith(TEXT)]
-    lines = sorted({line.strip() for line in lines if len(line.split()) >= 3})
-    random.Random(0).shuffle(lines)
-    return lines
+        return distinct_shuffled(line[len(TEXT) :] for line in f if line.startswith(TEXT))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data", default=str(ROOT.parent / "shared" / "data"))
     args = parser.parse_args()
-    lines = ewt_sentences(Path(args.data))
-    TARGET.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    print(f"wrote {TARGET} ({len(lines):,} sentences)")
+    lines, target = ewt_sentences(Path(args.data)), healing_corpus_path()
+    target.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    print(f"wrote {target} ({len(lines):,} sentences)")
 
 
 if __name__ == "__main__":

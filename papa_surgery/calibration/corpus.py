@@ -330,6 +330,16 @@ def healing_corpus_path() -> Path:
     return Path(str(resources.files("papa_surgery") / "data" / HEALING_CORPUS_FILE))
 
 
+def distinct_shuffled(lines: Iterable[str], seed: int = 0) -> list[str]:
+    """``lines`` stripped, those of three words or more each once, in a seeded shuffle (sorted first, so the order
+    depends on the lines alone): the form of the default healing corpus and of the texts it was chosen against."""
+    import random
+
+    examples = sorted({line.strip() for line in lines if len(line.split()) >= 3})
+    random.Random(seed).shuffle(examples)
+    return examples
+
+
 def default_healing_corpus(max_examples: int | None = None) -> Corpus:
     """The default healing corpus: both texts shipped with papa-surgery, the UD English-EWT training sentences (web
     text: weblogs, newsgroups, emails, reviews, answers) and the WikiText-2 excerpt, 13,766 distinct lines of three
@@ -341,11 +351,7 @@ def default_healing_corpus(max_examples: int | None = None) -> Corpus:
     0.842 (benchmarks/results/bench_heal_domains.txt). Always the bundled files, online or not: a heal is
     reproducible. Text like the user's own does better still.
     """
-    import random
-
-    lines = itertools.chain(load_corpus(healing_corpus_path()), bundled_corpus())
-    examples = sorted({line.strip() for line in lines if len(line.split()) >= 3})
-    random.Random(0).shuffle(examples)
+    examples = distinct_shuffled(itertools.chain(load_corpus(healing_corpus_path()), bundled_corpus()))
     corpus = load_corpus(examples, max_examples=max_examples)
     description = (
         f"the default healing corpus: the bundled UD English-EWT training sentences ({HEALING_CORPUS_FILE}) and "

@@ -327,10 +327,9 @@ class Workflow:
         """``papa`` healed toward this workflow's source model (the teacher) on ``corpus``.
 
         ``corpus=None`` reads the default healing corpus (:func:`open_healing_corpus`; sentence pairs need one
-        given). ``options``: steps, what trains,
-        learning rates, objective (:class:`~papa_surgery.options.HealOptions`); the batch size, seed and device
-        are the workflow's. The returned model's ``papa_recipe["healing"]`` records the run and its held-out
-        agreement before and after (:func:`papa_surgery.healing.heal_model`).
+        given). ``options``: steps, what trains, learning rates, objective (:class:`~papa_surgery.options.HealOptions`);
+        the batch size, seed and device are the workflow's. The returned model's ``papa_recipe["healing"]`` records
+        the run and its held-out agreement before and after (:func:`papa_surgery.healing.heal_model`).
         """
         from ..healing.run import heal_model
 
