@@ -485,6 +485,16 @@ def test_a_probe_sweep_scores_each_kind_converted_and_healed_and_the_report_show
     rows = run_sweep(default, tmp_path / "default.jsonl", progress=False)
     healed = next(r for r in rows if r["kind"] == "average+healed")
     assert "ud_ewt_train_sentences" in healed["healing"]["corpus"]
+    # A file whose default-corpus rows healed on calibration's corpus (before the default healing corpus) is not
+    # resumed with new healed cells beside them: the two would not compare.
+    old = {**healed, "healing": {**healed["healing"], "corpus": "the bundled WikiText-2 excerpt (3,000 lines)"}}
+    lines = [json.dumps(old if r is healed else r) for r in rows]
+    (tmp_path / "old.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    more = SweepConfig(**{**default.__dict__, "fractions": (0.5, 1.0)})
+    with pytest.raises(ValueError, match="healed on the bundled WikiText-2 excerpt.*default healing corpus.*write to another"):
+        run_sweep(more, tmp_path / "old.jsonl", progress=False)
+    assert (tmp_path / "old.jsonl").read_text(encoding="utf-8").count("\n") == len(rows)  # nothing appended
+    assert len(run_sweep(more, tmp_path / "default.jsonl", progress=False)) == 4  # rows healed on it: resumed
 
 
 def test_cli_heal_stopped_midway_writes_nothing_and_the_rerun_resumes(tiny, tmp_path, monkeypatch):

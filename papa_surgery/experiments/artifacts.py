@@ -20,7 +20,7 @@ from .config import DEFAULT_CORPUS, SweepConfig
 from .results import TASK_CORPUS
 
 
-def _is_default(spec: str, task) -> bool:
+def is_default(spec: str, task) -> bool:
     """A sweep's corpus spec that means the default corpus: ``default``, or the task's own text where ``mlm`` has
     none (its task corpus is the default corpus)."""
     return spec == DEFAULT_CORPUS or (spec == TASK_CORPUS and task.kind == "mlm")
@@ -151,7 +151,7 @@ class SweepArtifacts:
         from ..workflow import open_corpus
 
         cfg = self.config
-        if _is_default(spec, task):
+        if is_default(spec, task):
             return open_corpus(None, max_examples=cfg.max_calibration_examples)
         if spec == TASK_CORPUS or spec.startswith(TASK_CORPUS + ":"):
             source = task if spec == TASK_CORPUS else get_task(spec.split(":", 1)[1])
@@ -182,7 +182,7 @@ class SweepArtifacts:
         from ..options import HealOptions
         from ..workflow import open_healing_corpus
 
-        if _is_default(spec, task):
+        if is_default(spec, task):
             corpus = open_healing_corpus(None, max_examples=self.config.max_calibration_examples)
         else:
             corpus = self.open_corpus(spec, task)

@@ -180,12 +180,17 @@ class SweepConfig:
                 else {}
             ),
             **({"sharpen_search": self.resolved_sharpen_search} if "sharpened" in _as_tuple(self.kinds) else {}),
-            **(
-                {"heal_options": {k: self.heal_options[k] for k in sorted(self.heal_options)}}
-                if self.heal_options
-                else {}
-            ),
+            **({"heal_options": self.resolved_heal_options} if self.heal_options else {}),
         }
+
+    @property
+    def resolved_heal_options(self) -> dict:
+        """``heal_options`` with every field, the defaults filled in: what rows record, so that a resumed sweep
+        compares like with like however many fields either run spelled out."""
+        from ..options import HealOptions
+
+        resolved = HealOptions(**self.heal_options).kwargs()
+        return {k: resolved[k] for k in sorted(resolved)}
 
     def cells(self) -> list[Cell]:
         """Every cell of the sweep, in the order it runs (seeds innermost, so a converted model serves all).

@@ -22,8 +22,9 @@ from pathlib import Path
 
 from .. import __version__, registry
 from ..distributed import broadcast_from_main, is_main_process, on_main, world_size
+from ..failures import spell
 from ..outputs.overwrite import check_results_file
-from .artifacts import SweepArtifacts
+from .artifacts import SweepArtifacts, is_default
 from .config import (
     DEFAULT_CORPUS,
     DEFAULT_FRACTIONS,
@@ -31,7 +32,17 @@ from .config import (
     _as_tuple,
 )
 from .jobs import ProbeJob
-from .results import TASK_CORPUS, Cell, append_row, cell_key, check_options, is_row, locked, read_rows
+from .results import (
+    TASK_CORPUS,
+    Cell,
+    append_row,
+    cell_key,
+    check_options,
+    is_row,
+    locked,
+    protocol,
+    read_rows,
+)
 
 logger = logging.getLogger("papa_surgery")
 
@@ -205,6 +216,7 @@ def run_sweep(
             check_options(existing, cell, options[cell.task], out_path)
         done = {cell_key(r): r for r in existing}
         todo = [c for c in cells if c.key not in done]
+        check_healing_text(existing, todo, out_path)
         if todo:
             artifacts = SweepArtifacts(config, out_path, progress, model, tokenizer)
             artifacts.load(need_mlm=any(t.kind == "mlm" for t in tasks))
@@ -228,6 +240,35 @@ def run_sweep(
                 on_main(append_row, out_path, row)
                 done[cell_key(row)] = row
     return [done[c.key] for c in cells]
+
+
+def check_healing_text(rows: list[dict], todo: list[Cell], path) -> None:
+    """ValueError when a cell to run heals on the default corpus and ``path`` holds healed rows of the same model,
+    task, protocol and corpus that healed on another text.
+
+    Before the default healing corpus existed, a cell with the default corpus healed on calibration's default corpus:
+    rows healed then and rows healed now would stand in one table without being comparable.
+    """
+    from ..calibration.corpus import HEALING_CORPUS_NAME
+    from ..tasks.registry import get_task
+
+    for cell in todo:
+        task = get_task(cell.task)
+        if not (registry.split_healed(cell.kind)[1] and is_default(cell.corpus, task)):
+            continue
+        for row in rows:
+            healing = row.get("healing")
+            text = healing.get("corpus") if isinstance(healing, dict) else None
+            same = (row.get("model"), row.get("task"), protocol(row), row.get("corpus") or TASK_CORPUS) == (
+                cell.model, cell.task, cell.protocol, cell.corpus
+            )  # fmt: skip
+            if same and text and not str(text).startswith(HEALING_CORPUS_NAME):
+                raise ValueError(
+                    f"{path} holds {cell.task} results of {cell.model} healed on {text}; with the default corpus "
+                    f"a cell now heals on the default healing corpus (the bundled UD English-EWT sentences and "
+                    f"WikiText-2 excerpt), and its rows would not compare with those: write to another "
+                    f"{spell('out')}, or remove the healed rows to rerun them"
+                )
 
 
 def _recipe(model: str) -> dict:
