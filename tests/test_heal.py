@@ -491,7 +491,8 @@ def test_a_probe_sweep_scores_each_kind_converted_and_healed_and_the_report_show
     lines = [json.dumps(old if r is healed else r) for r in rows]
     (tmp_path / "old.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
     more = SweepConfig(**{**default.__dict__, "fractions": (0.5, 1.0)})
-    with pytest.raises(ValueError, match="healed on the bundled WikiText-2 excerpt.*default healing corpus.*write to another"):
+    refused = "healed on the bundled WikiText-2 excerpt.*default healing corpus.*write to another"
+    with pytest.raises(ValueError, match=refused):
         run_sweep(more, tmp_path / "old.jsonl", progress=False)
     assert (tmp_path / "old.jsonl").read_text(encoding="utf-8").count("\n") == len(rows)  # nothing appended
     assert len(run_sweep(more, tmp_path / "default.jsonl", progress=False)) == 4  # rows healed on it: resumed

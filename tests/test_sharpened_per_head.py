@@ -298,6 +298,7 @@ def test_convert_at_fraction_0_without_kind_records_the_average_and_is_the_sourc
     recipe = json.loads((out / "papa_recipe.json").read_text())
     assert recipe["kind"] == json.loads((out / "config.json").read_text())["papa_kind"] == "average"
     assert "sharpened" not in recipe and recipe["constant_heads"] == []
+    assert "--fraction 0.0 " in recipe["command"]  # a value of 0 is a value given, and retyping needs it
     papa, tok = papa_surgery.load(out)
     source = papa_surgery.load(folder)[0]
     enc = tok(SENTENCES[:3], padding="max_length", max_length=L, truncation=True, return_tensors="pt")

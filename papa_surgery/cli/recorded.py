@@ -46,7 +46,7 @@ def command_line(ctx) -> str:
         value = ctx.params.get(param.name)
         if isinstance(param, click.Argument):
             parts.append(_public_model(str(value)) if param.name in ("model", "model_or_dir") else str(value))
-        elif value not in (None, False, ()) and value != param.default:
+        elif value is not None and value is not False and value != () and value != param.default:  # 0 is given
             flag = max(param.opts, key=len)
             values = value if isinstance(value, tuple) else (value,)
             for v in values:
