@@ -28,7 +28,8 @@ calibration stays on the excerpt), to measure how much the healing text decides.
 Run: python benchmarks/bench_heal.py [--data ../shared/data] [--steps N] [--fractions 0.5,1] [--modes lora,full]
      [--start average|sharpened] [--search walk|per-head] [--method variance|sensitivity] [--probe-train 4000]
      [--probe-fractions 1] [--pool 1000] [--work bench-heal-work]
-     [--heal-corpus excerpt|mixed|ewt|ewt+excerpt|sst2-train] [--heal-examples 20000] [--threads N] [--json F]
+     [--heal-corpus excerpt|mixed|ewt|ewt+excerpt|sst2-train] [--heal-examples 20000] [--lr 3e-4] [--threads N]
+     [--json F]
 """
 
 from __future__ import annotations
@@ -119,6 +120,7 @@ def main() -> None:
     parser.add_argument("--data", default=str(Path(__file__).resolve().parents[2] / "shared" / "data"))
     parser.add_argument("--steps", type=int, default=HealOptions().steps, help="healing steps (default: the default)")
     parser.add_argument("--batch-size", type=int, default=32, help="healing examples per step")
+    parser.add_argument("--lr", type=float, default=None, help="healing learning rate (default: the mode's default)")
     parser.add_argument("--fractions", default="0.5,1")
     parser.add_argument("--modes", default="lora,full")
     parser.add_argument("--pool", type=int, default=1000)
@@ -253,9 +255,11 @@ def main() -> None:
         start_seconds = 0.0 if args.start == "average" else seconds  # the fit, counted in the healed rows' seconds
         suffix = "" if args.start == "average" else f" from {args.start}"
         for mode in args.modes.split(","):
-            heal = HealOptions(steps=args.steps, train=mode)
+            heal = HealOptions(steps=args.steps, train=mode, lr=args.lr)
+            lr = "" if args.lr is None else f"-lr{args.lr:g}"
+            begun = suffix.replace(" from ", "-")
             healed, seconds = made(
-                f"healed-{mode}-{fraction:g}-{args.steps}{ranked}" + suffix.replace(" from ", "-") + fit + healed_on,
+                f"healed-{mode}-{fraction:g}-{args.steps}{ranked}{begun}{fit}{healed_on}{lr}",
                 lambda heal=heal, papa=papa: heal_model(
                     papa, model, tok, healing_corpus, heal, batch_size=args.batch_size
                 ),
@@ -268,7 +272,8 @@ def main() -> None:
 
     healed_text = "the excerpt" if not healed_on else f"{len(healing_corpus)} lines of {args.heal_corpus} text"
     print(f"\nall-MiniLM-L6-v2, L={length}, calibrated on the bundled WikiText-2 excerpt ({len(corpus)} lines), "
-          f"healed on {healed_text}, {args.steps} healing steps x {args.batch_size}; load average at end "
+          f"healed on {healed_text}, {args.steps} healing steps x {args.batch_size}"
+          f"{'' if args.lr is None else f' at lr {args.lr:g}'}; load average at end "
           f"{os.getloadavg()}")  # fmt: skip
     header = ("row", "fraction", "sent cos", "worst", "token cos", "top-10", "MRPC acc", "MRPC F1", "SST-2 probe", "s")
     print("| " + " | ".join(header) + " |\n|" + "---|" * len(header))
