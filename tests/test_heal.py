@@ -364,13 +364,15 @@ def test_cli_convert_with_heal_steps_and_heal_a_checkpoint(tiny, tmp_path):
     runner = CliRunner()
     common = ["--corpus", str(tmp_path / "corpus.txt"), "--batch-size", "8"]
     convert_args = ["-q", "convert", str(src), "--fraction", "0.75", "--max-length", str(L), *common]
-    healing = ["--heal-steps", "4", "--heal-heldout", "8"]
+    healing = ["--heal-steps", "4", "--heal-heldout", "8", "--heal-warmup", "0"]
     result = runner.invoke(main, [*convert_args, *healing, "--out", str(tmp_path / "a")])
     assert result.exit_code == 0, result.output
     recipe = json.loads((tmp_path / "a" / "papa_recipe.json").read_text())
     assert recipe["healing"]["steps"] == 4 and recipe["healing"]["train"] == DEFAULT_TRAIN == "full"
     assert "corpus.txt" in recipe["healing"]["corpus"] and "corpus.txt" in recipe["corpus"]["description"]
     assert "--heal-steps 4" in recipe["command"]
+    # an option given as 0 is used and recorded (0 == False: it was dropped as if not given)
+    assert "warm-up over 0 of the steps" in recipe["healing"]["schedule"] and "--heal-warmup 0.0" in recipe["command"]
     # heal an unhealed checkpoint: the teacher must be named (the source was a local folder)
     result = runner.invoke(main, [*convert_args, "--out", str(tmp_path / "b")])
     assert result.exit_code == 0, result.output
@@ -485,17 +487,53 @@ def test_a_probe_sweep_scores_each_kind_converted_and_healed_and_the_report_show
     rows = run_sweep(default, tmp_path / "default.jsonl", progress=False)
     healed = next(r for r in rows if r["kind"] == "average+healed")
     assert "ud_ewt_train_sentences" in healed["healing"]["corpus"]
-    # A file whose default-corpus rows healed on calibration's corpus (before the default healing corpus) is not
-    # resumed with new healed cells beside them: the two would not compare.
-    old = {**healed, "healing": {**healed["healing"], "corpus": "the bundled WikiText-2 excerpt (3,000 lines)"}}
+    # Rows record every healing option resolved, so a Python sweep given a few of them resumes, as does one given
+    # them all; the same options in other words are the same.
+    assert healed["options"]["heal_options"]["lr"] == 3e-3 and healed["options"]["heal_options"]["eval_every"] == 1
+    every = {**healed["options"]["heal_options"], "lr": None}
+    for given in (heal_options, every):
+        again = SweepConfig(**{**default.__dict__, "heal_options": given})
+        assert [r["score"] for r in run_sweep(again, tmp_path / "default.jsonl", progress=False)] == [
+            r["score"] for r in rows
+        ]
+    with pytest.raises(ValueError, match=r"heal_options\['steps'\]=3 \(this run: 4\)"):
+        run_sweep(
+            SweepConfig(**{**default.__dict__, "heal_options": {**heal_options, "steps": 4}}),
+            tmp_path / "default.jsonl",
+        )
+    # A file whose default-corpus rows healed before the default healing corpus (on calibration's corpus, recording
+    # no healing text) is not resumed with new healed cells beside them: the two would not compare.
+    old = {**healed, "healing": {k: v for k, v in healed["healing"].items() if k != "corpus"}}
     lines = [json.dumps(old if r is healed else r) for r in rows]
     (tmp_path / "old.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
     more = SweepConfig(**{**default.__dict__, "fractions": (0.5, 1.0)})
-    refused = "healed on the bundled WikiText-2 excerpt.*default healing corpus.*write to another"
+    refused = "healed on the calibration corpus .the row records no healing text.*default healing corpus.*another"
     with pytest.raises(ValueError, match=refused):
         run_sweep(more, tmp_path / "old.jsonl", progress=False)
     assert (tmp_path / "old.jsonl").read_text(encoding="utf-8").count("\n") == len(rows)  # nothing appended
     assert len(run_sweep(more, tmp_path / "default.jsonl", progress=False)) == 4  # rows healed on it: resumed
+
+
+def test_cli_probe_sweep_resumed_with_another_healing_option_is_refused_naming_the_flag(tiny, tmp_path):
+    from click.testing import CliRunner
+    from test_sweep import write_sst2
+
+    from papa_surgery.cli import main
+
+    src = tiny.save("bert", tmp_path / "src")
+    data = write_sst2(tmp_path / "data", train=40, dev=16)
+    (tmp_path / "corpus.txt").write_text("\n".join(CORPUS) + "\n")
+    sweep = ["-q", "probe", str(src), "--task", "sst2", "--data-dir", str(data), "--fractions", "1", "--epochs", "1",
+             "--max-length", str(L), "--corpus", str(tmp_path / "corpus.txt"), "--out", str(tmp_path / "rows.jsonl"),
+             "--heal-heldout", "8", "--heal-train", "lora"]  # fmt: skip
+    runner = CliRunner()
+    result = runner.invoke(main, [*sweep, "--heal-steps", "2"])
+    assert result.exit_code == 0, result.output
+    written = (tmp_path / "rows.jsonl").read_text()
+    assert runner.invoke(main, [*sweep, "--heal-steps", "2"]).exit_code == 0  # the same options: resumed, all done
+    result = runner.invoke(main, [*sweep, "--heal-steps", "3"])
+    assert result.exit_code != 0 and "--heal-steps 2 (this run: 3)" in " ".join(result.output.split()), result.output
+    assert (tmp_path / "rows.jsonl").read_text() == written
 
 
 def test_cli_heal_stopped_midway_writes_nothing_and_the_rerun_resumes(tiny, tmp_path, monkeypatch):

@@ -22,7 +22,6 @@ PAIR_COLUMNS = (("sentence1", "sentence2"), ("premise", "hypothesis"), ("questio
 DATA_FILE_TYPES = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet", ".arrow": "arrow"}
 DEFAULT_CORPUS_FILE = "wikitext2_valid_excerpt.txt"
 HEALING_CORPUS_FILE = "ud_ewt_train_sentences.txt"  # scripts/bundle_healing_corpus.py wrote it
-HEALING_CORPUS_NAME = "the default healing corpus"  # how its description begins (sweep rows are told apart by it)
 DEFAULT_HUB_CORPUS = "Salesforce/wikitext:wikitext-103-raw-v1:train:text"
 DEFAULT_HUB_EXAMPLES = 2000  # lines of DEFAULT_HUB_CORPUS the default corpus reads
 DOCUMENTS = "documents:"  # corpus spec prefix: lines joined into whole articles (long-input calibration)
@@ -355,7 +354,7 @@ def default_healing_corpus(max_examples: int | None = None) -> Corpus:
     examples = distinct_shuffled(itertools.chain(load_corpus(healing_corpus_path()), bundled_corpus()))
     corpus = load_corpus(examples, max_examples=max_examples)
     description = (
-        f"{HEALING_CORPUS_NAME}: the bundled UD English-EWT training sentences ({HEALING_CORPUS_FILE}) and "
+        f"the default healing corpus: the bundled UD English-EWT training sentences ({HEALING_CORPUS_FILE}) and "
         f"WikiText-2 excerpt ({DEFAULT_CORPUS_FILE}), {len(examples):,} lines"
     )
     return dataclasses.replace(corpus, description=description)

@@ -185,12 +185,8 @@ class SweepConfig:
 
     @property
     def resolved_heal_options(self) -> dict:
-        """``heal_options`` with every field, the defaults filled in: what rows record, so that a resumed sweep
-        compares like with like however many fields either run spelled out."""
-        from ..options import HealOptions
-
-        resolved = HealOptions(**self.heal_options).kwargs()
-        return {k: resolved[k] for k in sorted(resolved)}
+        """``heal_options`` as rows record them: :func:`resolve_heal_options`."""
+        return resolve_heal_options(self.heal_options)
 
     def cells(self) -> list[Cell]:
         """Every cell of the sweep, in the order it runs (seeds innermost, so a converted model serves all).
@@ -237,3 +233,18 @@ def parse_fractions(text: str | Sequence[float]) -> tuple[float, ...]:
         return FractionListType().convert(text, None, None)
     except click.BadParameter as err:
         raise ArgumentError("fractions", err.message) from None
+
+
+def resolve_heal_options(options: dict) -> dict:
+    """Healing options with every field, the defaults filled in and resolved (the learning rate ``None`` stands for,
+    the evaluation interval), sorted by name: what rows record, so that a resumed sweep compares like with like
+    however many fields either run spelled out. Fields this version does not know (a row of another version) and
+    the teacher (a sweep's is its source) are left out."""
+    import dataclasses
+
+    from ..options import HealOptions
+
+    known = {f.name for f in dataclasses.fields(HealOptions)} - {"teacher"}
+    heal = HealOptions(**{k: v for k, v in options.items() if k in known})
+    resolved = {**heal.kwargs(), "lr": heal.learning_rate(), "eval_every": heal.evaluation_interval()}
+    return {k: resolved[k] for k in sorted(resolved)}

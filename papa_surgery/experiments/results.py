@@ -14,7 +14,7 @@ import os
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from ..failures import spell
+from ..failures import on_command_line, spell
 from ..outputs.overwrite import RESULT_FIELDS
 from ..registry import split_healed
 
@@ -106,9 +106,8 @@ def locked(path: str | Path):
 def check_options(rows: list[dict], cell: Cell, options: dict, path) -> None:
     """ValueError when ``path`` holds rows of the same model, task and protocol made with other score-changing
     options."""
-    from ..options import HealOptions
+    from .config import resolve_heal_options
 
-    heal_defaults = HealOptions().kwargs()  # what a healed row recorded before a field existed: its default
     for row in rows:
         if (row.get("model"), row.get("task"), protocol(row)) != (cell.model, cell.task, cell.protocol):
             continue
@@ -117,14 +116,39 @@ def check_options(rows: list[dict], cell: Cell, options: dict, path) -> None:
             continue  # written before rows recorded their options: cannot be compared
         if split_healed(str(row.get("kind", "")))[0] == "sharpened" and "sharpen_search" not in recorded:
             recorded = {**recorded, "sharpen_search": "walk"}  # fitted before rows recorded it: the default was walk
-        if isinstance(recorded.get("heal_options"), dict):
-            recorded = {**recorded, "heal_options": {**heal_defaults, **recorded["heal_options"]}}
+        if isinstance(recorded.get("heal_options"), dict):  # a field it lacks: its default then, as now
+            recorded = {**recorded, "heal_options": _resolved_or_as_is(resolve_heal_options, recorded["heal_options"])}
         for name, value in options.items():
             if name in recorded and recorded[name] != value:
+                made, run = _difference(name, recorded[name], value)
                 raise ValueError(
-                    f"{path} holds {cell.task} results of {cell.model} made with {spell(name, recorded[name])} "
-                    f"(this run: {value}); resume with the same options, or write to another {spell('out')}"
+                    f"{path} holds {cell.task} results of {cell.model} made with {made} (this run: {run}); resume "
+                    f"with the same options, or write to another {spell('out')}"
                 )
+
+
+# How the command line spells a key of a dict-valued option (``heal_options["steps"]`` is ``--heal-steps``).
+OPTION_PREFIXES = {"heal_options": "heal_", "distill_options": "distill_"}
+
+
+def _difference(name: str, recorded, value) -> tuple[str, str]:
+    """The recorded and this run's setting of option ``name`` as the user spells them: for a dict-valued option,
+    its first key that differs (``--heal-steps 3`` / ``4``; in Python ``heal_options['steps']=3`` / ``4``)."""
+    if not (isinstance(recorded, dict) and isinstance(value, dict)):
+        return spell(name, recorded), str(value)
+    key = next(k for k in sorted({*recorded, *value}, key=str) if recorded.get(k) != value.get(k))
+    before, now = recorded.get(key, "unset"), value.get(key, "unset")
+    if on_command_line() and name in OPTION_PREFIXES:
+        return spell(OPTION_PREFIXES[name] + str(key), before), str(now)
+    return f"{name}[{key!r}]={before!r}", repr(now)
+
+
+def _resolved_or_as_is(resolve, options: dict) -> dict:
+    """``resolve(options)``, or ``options`` unchanged where they are not valid options of this version."""
+    try:
+        return resolve(options)
+    except (TypeError, ValueError):
+        return options
 
 
 def read_rows(path: str | Path, repair: bool = False) -> list[dict]:

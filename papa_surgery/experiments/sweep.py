@@ -244,29 +244,33 @@ def run_sweep(
 
 def check_healing_text(rows: list[dict], todo: list[Cell], path) -> None:
     """ValueError when a cell to run heals on the default corpus and ``path`` holds healed rows of the same model,
-    task, protocol and corpus that healed on another text.
+    task, protocol and corpus that healed on another text than the default healing corpus this version has.
 
-    Before the default healing corpus existed, a cell with the default corpus healed on calibration's default corpus:
-    rows healed then and rows healed now would stand in one table without being comparable.
+    Rows written before the default healing corpus healed such cells on calibration's default corpus (and recorded
+    no healing text); rows healed then and rows healed now would stand in one table without being comparable.
     """
-    from ..calibration.corpus import HEALING_CORPUS_NAME
+    from ..calibration.corpus import default_healing_corpus
     from ..tasks.registry import get_task
 
+    current = None
     for cell in todo:
-        task = get_task(cell.task)
-        if not (registry.split_healed(cell.kind)[1] and is_default(cell.corpus, task)):
+        if not (registry.split_healed(cell.kind)[1] and is_default(cell.corpus, get_task(cell.task))):
             continue
         for row in rows:
             healing = row.get("healing")
-            text = healing.get("corpus") if isinstance(healing, dict) else None
             same = (row.get("model"), row.get("task"), protocol(row), row.get("corpus") or TASK_CORPUS) == (
                 cell.model, cell.task, cell.protocol, cell.corpus
             )  # fmt: skip
-            if same and text and not str(text).startswith(HEALING_CORPUS_NAME):
+            if not (same and isinstance(healing, dict)):
+                continue  # another cell's row, or not healed (fraction 0 has nothing to heal)
+            current = current or default_healing_corpus().description
+            text = healing.get("corpus")
+            if text != current:
+                what = text or "the calibration corpus (the row records no healing text)"
+                default = "the default corpus" if cell.corpus != TASK_CORPUS else "mlm's own text, the default corpus"
                 raise ValueError(
-                    f"{path} holds {cell.task} results of {cell.model} healed on {text}; with the default corpus "
-                    f"a cell now heals on the default healing corpus (the bundled UD English-EWT sentences and "
-                    f"WikiText-2 excerpt), and its rows would not compare with those: write to another "
+                    f"{path} holds {cell.task} results of {cell.model} healed on {what}; with {default} a cell "
+                    f"now heals on {current}, and its rows would not compare with those: write to another "
                     f"{spell('out')}, or remove the healed rows to rerun them"
                 )
 

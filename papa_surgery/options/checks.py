@@ -253,11 +253,8 @@ def from_kwargs(cls, kwargs: dict):
 def optional_group(cls, kwargs: dict, prefix: str, switch: str):
     """``cls`` from options added with ``click_options(cls, prefix=prefix)``, or ``None`` when ``--<prefix>-<switch>``
     is not given (the group is off); another of its options without the switch is a usage error."""
-    given = {
-        f.name: kwargs[_prefixed(f.name, prefix)]
-        for f in dataclasses.fields(cls)
-        if kwargs.get(_prefixed(f.name, prefix)) not in (None, False)
-    }
+    values = {f.name: kwargs.get(_prefixed(f.name, prefix)) for f in dataclasses.fields(cls)}
+    given = {k: v for k, v in values.items() if v is not None and v is not False}  # not ==: 0 == False, 0 is given
     if switch not in given:
         if given:
             name = _prefixed(next(iter(given)), prefix)
