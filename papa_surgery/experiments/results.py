@@ -119,6 +119,8 @@ def check_options(rows: list[dict], cell: Cell, options: dict, path) -> None:
         if isinstance(recorded.get("heal_options"), dict):  # a field it lacks: its default then, as now
             recorded = {**recorded, "heal_options": _resolved_or_as_is(resolve_heal_options, recorded["heal_options"])}
         for name, value in options.items():
+            if name == "heal_options" and isinstance(value, dict):
+                value = _resolved_or_as_is(resolve_heal_options, value)  # as rows record it, whoever called
             if name in recorded and recorded[name] != value:
                 made, run = _difference(name, recorded[name], value)
                 raise ValueError(
