@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .. import registry
-from .results import TASK_CORPUS, Cell
+from .results import TASK_CORPUS, Cell, resolve_heal_options
 
 DEFAULT_FRACTIONS = (0.0, 0.5, 0.875, 0.9375, 1.0)  # paper Fig. 2: {1, 1/2, 1/8, 1/16, 0} of heads kept
 DEFAULT_CORPUS = "default"  # the workflow's one default corpus (papa_surgery.calibration.default_corpus)
@@ -233,18 +233,3 @@ def parse_fractions(text: str | Sequence[float]) -> tuple[float, ...]:
         return FractionListType().convert(text, None, None)
     except click.BadParameter as err:
         raise ArgumentError("fractions", err.message) from None
-
-
-def resolve_heal_options(options: dict) -> dict:
-    """Healing options with every field, the defaults filled in and resolved (the learning rate ``None`` stands for,
-    the evaluation interval), sorted by name: what rows record, so that a resumed sweep compares like with like
-    however many fields either run spelled out. Fields this version does not know (a row of another version) and
-    the teacher (a sweep's is its source) are left out."""
-    import dataclasses
-
-    from ..options import HealOptions
-
-    known = {f.name for f in dataclasses.fields(HealOptions)} - {"teacher"}
-    heal = HealOptions(**{k: v for k, v in options.items() if k in known})
-    resolved = {**heal.kwargs(), "lr": heal.learning_rate(), "eval_every": heal.evaluation_interval()}
-    return {k: resolved[k] for k in sorted(resolved)}

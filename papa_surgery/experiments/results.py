@@ -106,8 +106,6 @@ def locked(path: str | Path):
 def check_options(rows: list[dict], cell: Cell, options: dict, path) -> None:
     """ValueError when ``path`` holds rows of the same model, task and protocol made with other score-changing
     options."""
-    from .config import resolve_heal_options
-
     for row in rows:
         if (row.get("model"), row.get("task"), protocol(row)) != (cell.model, cell.task, cell.protocol):
             continue
@@ -127,6 +125,21 @@ def check_options(rows: list[dict], cell: Cell, options: dict, path) -> None:
                     f"{path} holds {cell.task} results of {cell.model} made with {made} (this run: {run}); resume "
                     f"with the same options, or write to another {spell('out')}"
                 )
+
+
+def resolve_heal_options(options: dict) -> dict:
+    """Healing options with every field, the defaults filled in and resolved (the learning rate ``None`` stands for,
+    the evaluation interval), sorted by name: what rows record, so that a resumed sweep compares like with like
+    however many fields either run spelled out. Fields this version does not know (a row of another version) and
+    the teacher (a sweep's is its source) are left out."""
+    import dataclasses
+
+    from ..options import HealOptions
+
+    known = {f.name for f in dataclasses.fields(HealOptions)} - {"teacher"}
+    heal = HealOptions(**{k: v for k, v in options.items() if k in known})
+    resolved = {**heal.kwargs(), "lr": heal.learning_rate(), "eval_every": heal.evaluation_interval()}
+    return {k: resolved[k] for k in sorted(resolved)}
 
 
 # How the command line spells a key of a dict-valued option (``heal_options["steps"]`` is ``--heal-steps``).
