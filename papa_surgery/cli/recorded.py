@@ -9,6 +9,8 @@ import shlex
 
 import click
 
+from ..options.checks import is_given
+
 PATH_OPTIONS = ("corpus", "constants", "ranking", "results", "out", "data_dir")
 LOCAL_MODEL = "<local model>"
 
@@ -46,7 +48,7 @@ def command_line(ctx) -> str:
         value = ctx.params.get(param.name)
         if isinstance(param, click.Argument):
             parts.append(_public_model(str(value)) if param.name in ("model", "model_or_dir") else str(value))
-        elif value is not None and value is not False and value != () and value != param.default:  # 0 is given
+        elif is_given(value) and value != () and value != param.default:
             flag = max(param.opts, key=len)
             values = value if isinstance(value, tuple) else (value,)
             for v in values:

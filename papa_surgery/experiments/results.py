@@ -106,6 +106,8 @@ def locked(path: str | Path):
 def check_options(rows: list[dict], cell: Cell, options: dict, path) -> None:
     """ValueError when ``path`` holds rows of the same model, task and protocol made with other score-changing
     options."""
+    if isinstance(options.get("heal_options"), dict):  # as rows record them, whoever called
+        options = {**options, "heal_options": _resolved_heal_options(options["heal_options"])}
     for row in rows:
         if (row.get("model"), row.get("task"), protocol(row)) != (cell.model, cell.task, cell.protocol):
             continue
@@ -115,10 +117,8 @@ def check_options(rows: list[dict], cell: Cell, options: dict, path) -> None:
         if split_healed(str(row.get("kind", "")))[0] == "sharpened" and "sharpen_search" not in recorded:
             recorded = {**recorded, "sharpen_search": "walk"}  # fitted before rows recorded it: the default was walk
         if isinstance(recorded.get("heal_options"), dict):  # a field it lacks: its default then, as now
-            recorded = {**recorded, "heal_options": _resolved_or_as_is(resolve_heal_options, recorded["heal_options"])}
+            recorded = {**recorded, "heal_options": _resolved_heal_options(recorded["heal_options"])}
         for name, value in options.items():
-            if name == "heal_options" and isinstance(value, dict):
-                value = _resolved_or_as_is(resolve_heal_options, value)  # as rows record it, whoever called
             if name in recorded and recorded[name] != value:
                 made, run = _difference(name, recorded[name], value)
                 raise ValueError(
@@ -158,10 +158,10 @@ def _difference(name: str, recorded, value) -> tuple[str, str]:
     return f"{name}[{key!r}]={before!r}", repr(now)
 
 
-def _resolved_or_as_is(resolve, options: dict) -> dict:
-    """``resolve(options)``, or ``options`` unchanged where they are not valid options of this version."""
+def _resolved_heal_options(options: dict) -> dict:
+    """:func:`resolve_heal_options`, or ``options`` unchanged where they are not valid options of this version."""
     try:
-        return resolve(options)
+        return resolve_heal_options(options)
     except (TypeError, ValueError):
         return options
 

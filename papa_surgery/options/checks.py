@@ -195,6 +195,12 @@ def _check(name: str, meta: dict, value):
     return value
 
 
+def is_given(value) -> bool:
+    """Whether a parsed option's value was given: not ``None`` and not ``False``, by identity, since ``0 == False``
+    and an option given as 0 (``--heal-warmup 0``, ``--fraction 0``) is given."""
+    return value is not None and value is not False
+
+
 def _prefixed(name: str, prefix: str | None) -> str:
     return f"{prefix}_{name}" if prefix else name
 
@@ -254,7 +260,7 @@ def optional_group(cls, kwargs: dict, prefix: str, switch: str):
     """``cls`` from options added with ``click_options(cls, prefix=prefix)``, or ``None`` when ``--<prefix>-<switch>``
     is not given (the group is off); another of its options without the switch is a usage error."""
     values = {f.name: kwargs.get(_prefixed(f.name, prefix)) for f in dataclasses.fields(cls)}
-    given = {k: v for k, v in values.items() if v is not None and v is not False}  # not ==: 0 == False, 0 is given
+    given = {k: v for k, v in values.items() if is_given(v)}
     if switch not in given:
         if given:
             name = _prefixed(next(iter(given)), prefix)
