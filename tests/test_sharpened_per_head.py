@@ -287,17 +287,29 @@ def test_convert_without_kind_fits_sharpened_constants_up_to_512_slots_and_avera
     assert made["own-long"] == ("average", 600, None, "variance")  # the source's own length, known once it loaded
 
 
-def test_convert_at_fraction_0_without_kind_records_the_average_and_is_the_source(tiny_folder, corpus, tmp_path):
+def test_convert_at_fraction_0_without_kind_records_the_average_and_is_the_source(
+    tiny_folder, corpus, tmp_path, calibrations
+):
     """At ``--fraction 0`` no head is made constant, so the default kind has nothing to fit: the checkpoint records the
     average (as a sweep's fraction 0 does), not sharpened constants of no head, and computes what its source computes;
-    a sharpened-only option there is refused, naming why the kind is the average, before the model loads."""
+    nothing is calibrated for it (the checkpoint stores no matrix), and the card and ``inspect`` say so; a
+    sharpened-only option there is refused, naming why the kind is the average, before the model loads."""
     folder = tiny_folder("bert")
     out = tmp_path / "zero"
     result = cli("convert", folder, "--fraction", 0, "--corpus", corpus, "--max-length", L, "--out", out)
     assert result.exit_code == 0, result.output
+    assert calibrations.calls == 0
     recipe = json.loads((out / "papa_recipe.json").read_text())
     assert recipe["kind"] == json.loads((out / "config.json").read_text())["papa_kind"] == "average"
     assert "sharpened" not in recipe and recipe["constant_heads"] == []
+    assert recipe["corpus"]["description"] is None and recipe["coverage"] is None
+    card = " ".join((out / "README.md").read_text().split())
+    assert "| calibrated on | nothing: no head is constant, so no constants were made |" in card
+    assert "| covered length | none: no head is constant, so nothing was calibrated |" in card
+    shown = cli("inspect", out)
+    assert shown.exit_code == 0 and "calibrated on   nothing: no head is constant" in shown.output, shown.output
+    missing = cli("convert", folder, "--fraction", 0, "--corpus", tmp_path / "nope.txt", "--out", tmp_path / "m")
+    assert missing.exit_code != 0 and "nope.txt" in missing.output and not (tmp_path / "m").exists()
     assert "--fraction 0.0 " in recipe["command"]  # a value of 0 is a value given, and retyping needs it
     papa, tok = papa_surgery.load(out)
     source = papa_surgery.load(folder)[0]

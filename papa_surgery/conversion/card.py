@@ -164,7 +164,7 @@ def render_card(
         corpus_text=corpus_text.replace("|", "\\|"),
         sentence_transformers=sentence_transformers_text(d).replace("|", "\\|"),
         coverage_text=format_coverage(d["coverage"]).replace("|", "\\|") if d["coverage"] else "not recorded",
-        covered_text=covered_text(d["coverage"], int(d["max_length"])),
+        covered_text=covered_text(d["coverage"], int(d["max_length"]), d["num_constant_heads"]),
         constants_dtype=d["constants_dtype"],
         constants_storage=d["constants_storage"],
         constants_structure=(d.get("constants_structure") or "").replace("|", "\\|"),
@@ -206,10 +206,13 @@ def _source_words(source: str | None, base_model: str | None, local: bool) -> tu
     return f"`{source}` (a local model{derived})", f"**{source}** (a local model{derived})"
 
 
-def covered_text(coverage, max_length: int) -> str:
-    """The card's "covered length" entry: how many slots the calibration corpus reached, from how many examples."""
+def covered_text(coverage, max_length: int, constant_heads: int | None = None) -> str:
+    """The card's "covered length" entry: how many slots the calibration corpus reached, from how many examples
+    (``constant_heads`` 0: none calibrated, as at fraction 0)."""
     seen = coverage.get("slots_seen") if isinstance(coverage, dict) else None
     if seen is None:
+        if constant_heads == 0:
+            return "none: no head is constant, so nothing was calibrated"
         return "not recorded (data-free constants need no corpus)"
     first, least = coverage.get("examples_at_slot_0"), coverage.get("min_examples_per_seen_slot")
     counts = f"slot 0 by {first} examples, the least-reached slot by {least}" if first is not None else ""

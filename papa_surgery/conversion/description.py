@@ -150,6 +150,8 @@ def sentence_transformers_text(d: dict) -> str:
 def calibrated_on_text(d: dict) -> str:
     """What the constants were calibrated on, in plain words (``describe``'s dict)."""
     if not (d.get("corpus") or {}).get("description"):
+        if d.get("num_constant_heads") == 0:  # convert --fraction 0 calibrates nothing: no head would hold it
+            return "nothing: no head is constant, so no constants were made"
         return f"no corpus: {d.get('kind') or 'these'} constants are made without data"
     if d.get("calibrated_on") == "pairs":
         return f"sentence pairs (a pair's middle separator at slot {int(d['max_length']) // 2})"

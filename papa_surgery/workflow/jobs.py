@@ -121,10 +121,13 @@ def run_convert(
         check_max_length(config, given.max_length if given else cal.max_length, model_name)
     if ranking is not None:
         ranking.check_compatible(config)
-    reads_corpus = kind.needs_corpus if given is None else fits
     # Fraction 0 or 1 makes no head or every head constant, whatever the order: no ranking is made unless asked for
     # (the default variance ranking would calibrate average constants: at L=8,192 that is minutes for nothing).
     every_or_none = ranking is None and rank.method is None and rank.task is None and conv.fraction in (0.0, 1.0)
+    # At fraction 0 the checkpoint stores no matrix, so none is calibrated or fitted (all-MiniLM-L6-v2: a 31 s pass
+    # over the corpus for nothing); data-free zeros give the conversion its geometry (slots, storage).
+    none_constant = every_or_none and conv.fraction == 0.0 and given is None
+    reads_corpus = (kind.needs_corpus if given is None else fits) and not none_constant
     pairs = given.pairs if given is not None else cal.pairs
     length = given.max_length if given is not None else cal.max_length  # None: the source's own, once it loads
     method = None if ranking or every_or_none else registry.method(rank.convert_method(length, pairs))
@@ -132,7 +135,8 @@ def run_convert(
         reads_corpus = True  # the ranking calibrates what it reads, or runs the model on the corpus
     if heal is not None:
         check_healing_corpus(cal.corpus, pairs)
-    reads_corpus = reads_corpus or (heal is not None and cal.corpus is not None)  # healing trains on a given one
+    # healing trains on a given corpus; at fraction 0 one given is still opened, so that a wrong path is an error
+    reads_corpus = reads_corpus or ((heal is not None or none_constant) and cal.corpus is not None)
     corpus = open_corpus(cal.corpus, pairs=pairs, max_examples=cal.max_examples) if reads_corpus else None
     preflight_ranking(rank)
     flow = _workflow(model_name, run, source, progress)
@@ -150,6 +154,8 @@ def run_convert(
     if given is not None:
         given.check_compatible(flow.model.config, source, model=flow.model)
         constants = given
+    elif none_constant:
+        constants = flow.constants("zeros", max_length=cal.max_length, **conv.storage_kwargs())
     elif not fits:
         constants = flow.constants(kind.name, **calibration)
     else:  # fitted as dense matrices: from the dense average, whatever the checkpoint's storage
@@ -172,7 +178,7 @@ def run_convert(
         )
     if heads is None:
         heads = ranking.select(conv.fraction)
-    if fits:  # distilled (or sharpened) for exactly the heads this checkpoint makes constant
+    if fits and not none_constant:  # distilled (or sharpened) for exactly the heads this checkpoint makes constant
         constants = flow.trained(kind.name, constants, heads, corpus, distill)
     papa = flow.convert(
         constants,
