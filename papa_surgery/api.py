@@ -347,12 +347,16 @@ def analyze(
     corpus: Any,
     which: str,
     out_dir: str | Path,
+    *,
+    overwrite: bool = False,
     **options: Any,
 ) -> dict:
     """Norm-based (``which="norms"``) or effective-attention (``"effective"``) analysis (``papa-surgery analyze``).
 
     Writes ``summary.json``, the corpus averages as constants (``norm-average.safetensors`` /
-    ``effective-average.safetensors``), the figures and, for norms, ``norm-ranking.json`` into ``out_dir``.
+    ``effective-average.safetensors``), the figures and, for norms, ``norm-ranking.json`` into ``out_dir``: a new
+    path or an empty folder, or with ``overwrite`` an earlier analysis folder holding only what it wrote (never
+    anything else); the folder appears whole when the analysis is complete.
     ``corpus=None`` reads the default corpus. ``options`` are :func:`papa_surgery.analysis.analyze`'s
     (max_length, batch_size, max_examples, pairs, device, progress, source_name, heads, figures). The model's
     mode and device are left as they were.
@@ -361,10 +365,11 @@ def analyze(
         The summary, with ``"files"`` listing what was written.
 
     Raises:
-        ValueError: an unknown analysis, or a corpus that gives no examples.
+        ValueError: an unknown analysis, a corpus that gives no examples, or an ``out_dir`` that may not be
+            written (the error says why).
     """
-    from .workflow.steps import analyze as run_analysis
+    from .workflow.analysis_job import analyze as run_analysis
 
     _model(model)
     _tokenizer(tokenizer)
-    return run_analysis(model, tokenizer, corpus, which, out_dir, **options)
+    return run_analysis(model, tokenizer, corpus, which, out_dir, overwrite=overwrite, **options)

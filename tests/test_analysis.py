@@ -330,7 +330,16 @@ def test_analyze_writes_summaries_and_figures(tiny, tmp_path, which):
     else:
         assert (tmp_path / "sep_mass.png").exists()
     with pytest.raises(ValueError, match="norms, effective"):
-        analyze(model, tok, CORPUS, "weights", tmp_path)
+        analyze(model, tok, CORPUS, "weights", tmp_path / "new")
+    # an analysis folder is replaced only with overwrite, and never one holding anything else (the user's file kept)
+    options = dict(max_length=L, batch_size=4, progress=False)
+    with pytest.raises(ValueError, match="overwrite=True"):
+        analyze(model, tok, CORPUS, which, tmp_path, **options)
+    assert analyze(model, tok, CORPUS, which, tmp_path, overwrite=True, **options)["files"] == summary["files"]
+    (tmp_path / "mine.txt").write_text("keep me")
+    with pytest.raises(ValueError, match="mine.txt"):
+        analyze(model, tok, CORPUS, which, tmp_path, overwrite=True, **options)
+    assert (tmp_path / "mine.txt").read_text() == "keep me"
 
 
 # --- the real model -------------------------------------------------------------------------------------

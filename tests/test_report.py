@@ -174,6 +174,42 @@ def test_bad_results_file(tmp_path):
         write_report(empty, tmp_path / "out")
 
 
+def test_report_never_writes_over_the_users_files(sweep_results, tmp_path):
+    """``report --out`` writes a new or empty folder; an earlier report is replaced only with ``--overwrite``, and a
+    folder holding anything else is refused whatever the flag says, with the user's files untouched (it replaced a
+    ``report.md`` of the user's, silently)."""
+    from conftest import cli
+
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "report.md").write_text("my own report\n")
+    (mine / "notes.txt").write_text("keep me\n")
+    for extra in ((), ("--overwrite",)):
+        result = cli("report", sweep_results, "--out", mine, *extra)
+        assert result.exit_code == 1 and "refusing to overwrite" in result.output, result.output
+        assert "notes.txt" in result.output and "report.md" in result.output
+    assert sorted(p.name for p in mine.iterdir()) == ["notes.txt", "report.md"]
+    assert (mine / "report.md").read_text() == "my own report\n"
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    result = cli("report", sweep_results, "--out", empty)
+    assert result.exit_code == 0 and (empty / "report.md").read_text().startswith("# PAPA "), result.output
+    result = cli("report", sweep_results, "--out", empty)
+    assert result.exit_code == 1 and "--overwrite" in result.output, result.output
+    (empty / "fig3.png").unlink()  # the report is replaced whole: a figure it no longer makes does not stay behind
+    (empty / "fig2_fractions.png").write_bytes(b"stale")
+    result = cli("report", sweep_results, "--out", empty, "--overwrite")
+    assert result.exit_code == 0, result.output
+    assert (empty / "fig2_fractions.png").read_bytes()[:4] == b"\x89PNG" and (empty / "fig3.png").is_file()
+    (empty / "draft.md").write_text("mine\n")  # an earlier report the user added to: refused, naming the file
+    result = cli("report", sweep_results, "--out", empty, "--overwrite")
+    assert result.exit_code == 1 and "draft.md" in result.output, result.output
+    assert (empty / "draft.md").read_text() == "mine\n"
+    with pytest.raises(ValueError, match="is a file"):
+        write_report(sweep_results, mine / "notes.txt")
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no staging left behind
+
+
 def _contrast(image, matrix) -> float:
     """How much brighter, on the figure's colour scale, the diagonal band is than the far cells (0 to 1)."""
     import numpy as np

@@ -227,15 +227,20 @@ def heal(ctx, checkpoint, out, overwrite, **kwargs):
 @click_options(AnalyzeOptions)
 @click_options(RunOptions, only=("trust_remote_code",))
 @click.option("--out", required=True, type=click.Path(file_okay=False), help="Output folder (JSON + figures).")
+@click.option(
+    "--overwrite", is_flag=True, help="Replace an earlier analysis papa-surgery wrote at --out (never other files)."
+)
 @verbosity
 @click.pass_context
 @scale_out
-def analyze(ctx, model, analysis, out, **kwargs):
+def analyze(ctx, model, analysis, out, overwrite, **kwargs):
     """Norm-based (Kobayashi 2020) or effective (Brunner 2020) attention analysis."""
-    from ..workflow.jobs import run_analyze
+    from ..workflow.analysis_job import run_analyze
 
     options = from_kwargs(AnalyzeOptions, kwargs)
     trust = kwargs["trust_remote_code"]
-    target = run_analyze(model, analysis, options, out, progress=progress_of(ctx), trust_remote_code=trust)
+    target = run_analyze(
+        model, analysis, options, out, progress=progress_of(ctx), trust_remote_code=trust, overwrite=overwrite
+    )
     for path in sorted(target.iterdir()) if is_main_process() else ():
         click.echo(f"wrote {path}")

@@ -150,10 +150,16 @@ def finetune(ctx, model_or_dir, **kwargs):
 @click.argument("results", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False))
 @click.option("--out", required=True, type=click.Path(file_okay=False), help="Folder for tables and figures.")
 @click.option("--constants", type=click.Path(exists=True), help="Constants file or checkpoint for heat maps.")
+@click.option(
+    "--overwrite", is_flag=True, help="Replace an earlier report papa-surgery wrote at --out (never other files)."
+)
 @verbosity
-def report(results, out, constants):
-    """Tables and figures from results files (paper Tables 1-2, Figs. 2-5; fine-tuned beside probed, with cost)."""
+def report(results, out, constants, overwrite):
+    """Tables and figures from results files (paper Tables 1-2, Figs. 2-5; fine-tuned beside probed, with cost).
+
+    --out is a new or empty folder; an earlier report there is replaced only with --overwrite, and a folder holding
+    anything else is refused."""
     from ..report import write_report
 
-    for path in write_report(list(results), out, constants=constants):
+    for path in write_report(list(results), out, constants=constants, overwrite=overwrite):
         click.echo(f"wrote {path}")

@@ -8,7 +8,9 @@ Each output is recognised by what papa-surgery itself puts in it:
   names it, and nothing is deleted;
 - ``calibrate`` / ``Constants.save``: a constants safetensors file (metadata ``format: papa-constants``);
 - ``rank`` / ``Ranking.save``: a ranking JSON (``"format": "papa-ranking"``);
-- ``probe`` / ``finetune`` append to a results file (JSON lines of results rows), never to another file.
+- ``probe`` / ``finetune`` append to a results file (JSON lines of results rows), never to another file;
+- ``report``: a report folder (``report.md`` headed ``# PAPA``, and the figures it links);
+- ``analyze``: an analysis folder (``summary.json`` listing the files written beside it).
 
 The model being read is never replaced, whatever path reaches it (a symlink, a relative path, a folder that
 holds it or lies inside it). An existing *empty* folder is no one's output: it is written into without
@@ -34,7 +36,12 @@ LABELS = {
     "constants": "a constants file",
     "ranking": "a ranking",
     "results": "a results file",
+    "report": "a report folder",
+    "analysis": "an analysis folder",
 }
+# What write_report puts in a report folder: the report and the figures it may link.
+REPORT_FILES = {"report.md", "fig2_fractions.png", "fig3.png", "fig5_methods.png", "fig2_finetuned.png",
+                "fig4_constants.png"}  # fmt: skip
 
 # Top-level files a checkpoint holds besides the model code (every .py of hub_code, listed below):
 # save_pretrained's config and weights, the tokenizer files of the supported families, the card and recipe,
@@ -83,7 +90,11 @@ def kind_of(path: str | Path) -> str | None:
     """Which papa-surgery output ``path`` is (a key of :data:`LABELS`), or ``None`` for anything else."""
     path = Path(path)
     if path.is_dir():
-        return "checkpoint" if _papa_config(path) is not None else None
+        if _papa_config(path) is not None:
+            return "checkpoint"
+        if _analysis_files(path) is not None:
+            return "analysis"
+        return "report" if _is_report(path) else None
     if not path.is_file():
         return None
     if _safetensors_format(path) == "papa-constants":
@@ -108,6 +119,24 @@ def _papa_config(folder: Path) -> dict | None:
     if str(config.get("model_type", "")).startswith("papa_") or "papa_format_version" in config:
         return config
     return None
+
+
+def _is_report(folder: Path) -> bool:
+    """Whether ``folder`` holds a report ``write_report`` wrote (``report.md`` headed ``# PAPA``)."""
+    try:
+        with open(folder / "report.md", encoding="utf-8") as f:
+            return f.readline().startswith("# PAPA ")
+    except (OSError, UnicodeDecodeError):
+        return False
+
+
+def _analysis_files(folder: Path) -> set[str] | None:
+    """The files an analysis folder's ``summary.json`` says were written with it, or ``None`` if it is not one."""
+    summary = _json_dict(folder / "summary.json")
+    files = summary.get("files") if summary is not None else None
+    if not isinstance(files, list) or "summary.json" not in files:
+        return None
+    return {str(name) for name in files}
 
 
 def _json_dict(path: Path) -> dict | None:
@@ -257,6 +286,37 @@ def check_folder(
         raise ValueError(f"output folder {str(out)!r} already exists; pass {spell('overwrite', True)} to replace it")
 
 
+def check_output_folder(out_dir: str | Path, overwrite: bool, kind: str, argument: str = "out_dir") -> None:
+    """ValueError unless a ``kind`` folder ("report" or "analysis") may be written to ``out_dir``: a new path, an
+    empty folder, or (with ``overwrite``) an earlier folder of that kind holding only what papa-surgery wrote in it.
+    Never a file, a folder of another kind, or one holding anything else (it is named)."""
+    out = Path(out_dir)
+    label = LABELS[kind][LABELS[kind].index(" ") + 1 :]
+    if out.is_file():
+        raise ValueError(f"{_out(argument)} {str(out)!r} is a file; pass a folder path for the {label}")
+    if not (out.exists() or out.is_symlink()) or _empty(out):
+        return
+    found = kind_of(out) if out.is_dir() and not out.is_symlink() else None
+    if found != kind:
+        what = f"it is {_ours(found)}" if found else f"it is not {LABELS[kind]} papa-surgery wrote"
+        entries = sorted(p.name for p in out.iterdir()) if out.is_dir() and not found else []
+        what += f" and holds {_names(entries)}" if entries else ""
+        raise ValueError(f"refusing to overwrite {str(out)!r}: {what}; choose another {_out(argument)}")
+    own = REPORT_FILES if kind == "report" else _analysis_files(out) or set()
+    entries = sorted(p.name for p in out.iterdir() if p.name not in own and p.name != ".DS_Store")
+    if entries:
+        raise ValueError(
+            f"refusing to overwrite {str(out)!r}: it holds files papa-surgery did not write: {_names(entries)}; "
+            f"move them or choose another {_out(argument)}"
+        )
+    if not overwrite:
+        raise ValueError(f"{label} {str(out)!r} already exists; pass {spell('overwrite', True)} to replace it")
+
+
+def _empty(path: Path) -> bool:
+    return path.is_dir() and not path.is_symlink() and not any(path.iterdir())
+
+
 def check_file(path: str | Path, overwrite: bool, kind: str, argument: str = "out") -> Path:
     """ValueError unless ``path`` may be written as a ``kind`` output ("constants" or "ranking"): a new path,
     or (with ``overwrite``) an earlier output of the same kind. Never a folder or another kind of file."""
@@ -291,4 +351,4 @@ def check_results_file(path: str | Path, argument: str = "out_path") -> None:
 def _ours(kind: str) -> str:
     """``a constants file`` -> ``a papa-surgery constants file`` (a checkpoint is named as it is)."""
     label = LABELS[kind]
-    return label if kind == "checkpoint" else f"a papa-surgery {label[2:]}"
+    return label if kind == "checkpoint" else f"a papa-surgery {label.split(' ', 1)[1]}"

@@ -39,7 +39,7 @@ __all__ = [
 ]
 
 
-def write_report(results_path, out_dir, constants=None) -> list[Path]:
+def write_report(results_path, out_dir, constants=None, *, overwrite: bool = False) -> list[Path]:
     """Write ``report.md`` (all scores, Table 1, Table 2, fine-tuned vs probed with cost) and the figures.
 
     The paper's tables and figures are made from the probe rows (from the fine-tuning rows when there are
@@ -47,25 +47,38 @@ def write_report(results_path, out_dir, constants=None) -> list[Path]:
 
     Args:
         results_path: a sweep's JSONL results, or several (e.g. a probe file and a finetune file).
-        out_dir: output folder (created).
+        out_dir: output folder: a new path or an empty folder; an earlier report folder is replaced only with
+            ``overwrite``, and never a folder holding anything else. It appears whole or not at all.
         constants: optional constants file, ``Constants`` or PAPA checkpoint for the Fig. 4 heat maps.
+        overwrite: replace an earlier report papa-surgery wrote at ``out_dir``.
 
     Returns:
         The written files: ``report.md`` first, then the PNG figures.
 
     Raises:
         FileNotFoundError: no results file.
-        ValueError: no result rows in it.
+        ValueError: no result rows in it, or ``out_dir`` may not be written (the error says why).
     """
+    from ..outputs.overwrite import check_output_folder
+    from ..outputs.staging import staged_dir
+
+    out_dir = Path(out_dir)
+    check_output_folder(out_dir, overwrite, "report")
     paths = [results_path] if isinstance(results_path, (str, Path)) else list(results_path)
     all_rows = [row for path in paths for row in load_results(path)]
     names = ", ".join(f"`{Path(p).name}`" for p in paths)
     if not any(r.get("score") is not None for r in all_rows):
         raise ValueError(f"{names} holds no results")
     probed, tuned = split_protocols(all_rows)
+    check = lambda target: check_output_folder(target, overwrite, "report")  # noqa: E731  (again, before replacing)
+    with staged_dir(out_dir, overwrite=overwrite, check=check) as staging:
+        written = _write(all_rows, probed, tuned, names, staging, constants)
+    return [out_dir / path.name for path in written]
+
+
+def _write(all_rows, probed, tuned, names: str, out_dir: Path, constants) -> list[Path]:
+    """Write the report and its figures into ``out_dir``; the written files, ``report.md`` first."""
     rows = probed or tuned
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
     figures: list[tuple[str, Path | None]] = [
         ("Score vs share of heads kept input-dependent (Fig. 2)", plot_fractions(rows, out_dir / "fig2_fractions.png")),
         ("Original score vs relative drop with every head constant (Fig. 3)", plot_drop(rows, out_dir / "fig3.png")),

@@ -14,7 +14,6 @@ from pathlib import Path
 from .. import registry
 from ..distributed import agree, is_main_process, on_main
 from ..options import (
-    AnalyzeOptions,
     ArgumentError,
     CalibrationOptions,
     ConvertOptions,
@@ -35,7 +34,7 @@ from .preflight import (
     preflight_ranking,
     write_output,
 )
-from .steps import Workflow, analyze
+from .steps import Workflow
 
 logger = logging.getLogger("papa_surgery")
 
@@ -135,6 +134,12 @@ def run_convert(
         reads_corpus = True  # the ranking calibrates what it reads, or runs the model on the corpus
     if heal is not None:
         check_healing_corpus(cal.corpus, pairs)
+        if conv.fraction == 0:  # no constant head: the student would be its teacher, and could only move away
+            raise ArgumentError(
+                "heal_steps",
+                f"{spell('fraction', 0)} makes no head constant, so there is nothing to heal: drop "
+                f"{spell('heal_steps')}, or convert at a larger {spell('fraction')}",
+            )
     # healing trains on a given corpus; at fraction 0 one given is still opened, so that a wrong path is an error
     reads_corpus = reads_corpus or ((heal is not None or none_constant) and cal.corpus is not None)
     corpus = open_corpus(cal.corpus, pairs=pairs, max_examples=cal.max_examples) if reads_corpus else None
@@ -242,6 +247,13 @@ def run_heal(
             "checkpoint",
             f"{checkpoint} is not a PAPA checkpoint: convert it first (papa-surgery convert, whose "
             f"{spell('heal_steps')} heals while converting)",
+        )
+    if not getattr(config, "papa_constant_heads", None):
+        raise ArgumentError(
+            "checkpoint",
+            f"{checkpoint} has no constant head: it computes what its source computes, so healing has nothing to "
+            "close (it would only move the model away from its source); heal a checkpoint converted at a fraction "
+            "above 0",
         )
     pairs = getattr(config, "papa_calibrated_on", None) == "pairs"
     corpus = open_healing_corpus(cal.corpus, pairs=pairs, max_examples=cal.max_examples)
@@ -358,45 +370,3 @@ def run_rank(
     )
     on_main(write_output, out, overwrite, "ranking", ranking.save)  # under a launcher: rank 0 writes
     return out
-
-
-def run_analyze(
-    model_name: str,
-    which: str,
-    options: AnalyzeOptions,
-    out: str,
-    progress: bool = True,
-    trust_remote_code: bool = False,
-) -> Path:
-    """``papa-surgery analyze``: an analysis folder (summary, corpus-average constants, figures, ranking)."""
-    import contextlib
-
-    from ..outputs.staging import staged_dir
-
-    _, config, source, _ = _source(model_name, trust_remote_code)
-    if getattr(config, "papa_constant_heads", None):
-        raise ValueError(
-            f"{model_name} is a PAPA checkpoint: its constant heads have no input-dependent attention to analyse; "
-            f"analyze its source model ({getattr(config, 'papa_source_model', None) or 'see papa_recipe.json'})"
-        )
-    check_max_length(config, options.max_length, model_name)
-    corpus = open_corpus(options.corpus, max_examples=options.max_examples)
-    run = RunOptions(device=options.device, batch_size=options.batch_size, trust_remote_code=trust_remote_code)
-    # The analyses read attention probabilities: load eager (a PAPA checkpoint too), whatever the config says.
-    flow = _workflow(model_name, run, source, progress, attn="eager")
-    target = Path(out)
-    # A new folder appears only when the analysis is complete; an existing one is written into, as before.
-    stage = staged_dir(target) if is_main_process() and not target.exists() else contextlib.nullcontext(target)
-    with stage as folder:
-        analyze(
-            flow.model,
-            flow.tokenizer,
-            corpus,
-            which,
-            folder,
-            max_length=options.max_length,
-            batch_size=options.batch_size,
-            progress=progress,
-            source_name=model_name,
-        )
-    return target

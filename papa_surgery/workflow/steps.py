@@ -361,29 +361,3 @@ def _local_source(name_or_path: str | None) -> dict | None:
     from ..models.sources import source_info, source_record
 
     return source_record(name_or_path, name_or_path, source_info(name_or_path))
-
-
-def analyze(model, tokenizer, corpus, which: str, out_dir, **options) -> dict:
-    """An analysis folder (:func:`papa_surgery.analysis.analyze`), with the ``norm`` ranking it implies.
-
-    ``corpus=None`` reads the default corpus. For ``norms`` the folder also gets ``norm-ranking.json``, the
-    ``norm`` method's order made from the analysis's ``norm-average`` constants.
-    """
-    import json
-    from pathlib import Path
-
-    from ..analysis import analyze as run_analysis
-    from ..calibration.constants import Constants
-    from ..distributed import is_main_process
-
-    if corpus is None:
-        corpus = open_corpus(None, max_examples=options.get("max_examples"))
-    summary = run_analysis(model, tokenizer, corpus, which, out_dir, **options)
-    if which == "norms" and is_main_process():  # under torch.distributed rank 0 alone writes
-        from ..ranking.methods import norm_ranking
-
-        out_dir = Path(out_dir)
-        norm_ranking(Constants.load(out_dir / "norm-average.safetensors")).save(out_dir / "norm-ranking.json")
-        summary["files"].insert(-1, "norm-ranking.json")
-        (out_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-    return summary
