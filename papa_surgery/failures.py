@@ -41,8 +41,15 @@ class ArgumentTypeError(TypeError):
 _CLI = contextvars.ContextVar("papa_cli_spelling", default=False)
 
 
+# Arguments the commands take by position (``papa-surgery heal CHECKPOINT``), named as ``--help`` shows them.
+POSITIONAL = {"model", "checkpoint", "directory", "model_or_dir"}
+
+
 def flag(name: str) -> str:
-    """The command-line flag of argument ``name`` (``max_length`` -> ``--max-length``)."""
+    """The command-line flag of argument ``name`` (``max_length`` -> ``--max-length``; a positional argument as
+    ``--help`` names it: ``checkpoint`` -> ``CHECKPOINT``)."""
+    if name in POSITIONAL:
+        return name.upper()
     return "--" + name.replace("_", "-")
 
 

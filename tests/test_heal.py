@@ -400,6 +400,38 @@ def test_cli_convert_with_heal_steps_and_heal_a_checkpoint(tiny, tmp_path):
     assert not (tmp_path / "f").exists()
 
 
+def test_a_model_with_no_constant_head_is_not_healed(tiny, tmp_path):
+    """With no constant head the student is its teacher: healing could only move it away from its source (it did:
+    hidden states up to 0.23 away after 2 steps). ``convert --fraction 0 --heal-steps`` is refused before the model
+    loads, naming the flag; ``heal`` refuses such a checkpoint as CHECKPOINT (its positional name, not a
+    ``--checkpoint`` flag that does not exist); the Python API says why. Nothing is written."""
+    from click.testing import CliRunner
+
+    import papa_surgery
+    from papa_surgery.cli import main
+
+    src = tiny.save("bert", tmp_path / "src")
+    (tmp_path / "corpus.txt").write_text("\n".join(CORPUS) + "\n")
+    runner = CliRunner()
+    common = ["--corpus", str(tmp_path / "corpus.txt"), "--batch-size", "8", "--max-length", str(L)]
+    result = runner.invoke(main, ["convert", str(src), "--fraction", "0", *common, "--heal-steps", "2",
+                                  "--out", str(tmp_path / "a")])  # fmt: skip
+    assert result.exit_code == 2 and "'--heal-steps'" in result.output, result.output
+    assert "--fraction 0 makes no head constant" in " ".join(result.output.split())
+    assert not (tmp_path / "a").exists()
+    result = runner.invoke(main, ["-q", "convert", str(src), "--fraction", "0", *common, "--out", str(tmp_path / "z")])
+    assert result.exit_code == 0, result.output
+    result = runner.invoke(main, ["heal", str(tmp_path / "z"), "--corpus", str(tmp_path / "corpus.txt"),
+                                  "--teacher", str(src), "--steps", "2", "--out", str(tmp_path / "h")])  # fmt: skip
+    assert result.exit_code == 2 and "'CHECKPOINT'" in result.output and "--checkpoint" not in result.output
+    assert "has no constant head" in " ".join(result.output.split()) and not (tmp_path / "h").exists()
+    result = runner.invoke(main, ["heal", str(src), "--steps", "2", "--out", str(tmp_path / "h")])
+    assert result.exit_code == 2 and "'CHECKPOINT'" in result.output and "not a PAPA checkpoint" in result.output
+    papa, tok = papa_surgery.load(tmp_path / "z")
+    with pytest.raises(ValueError, match="no constant head"):
+        papa_surgery.heal(papa, tok, CORPUS, teacher=tiny.model("bert"), steps=2)
+
+
 def test_without_a_corpus_healing_trains_on_the_bundled_ewt_sentences(tiny, tmp_path):
     """No --corpus: convert calibrates on the default corpus (offline the WikiText excerpt) and heals on the default
     healing corpus (the bundled UD English-EWT sentences and the excerpt), as `heal` and papa_surgery.heal do; a

@@ -144,6 +144,11 @@ def heal_model(
     options = options or HealOptions()
     check_teacher(papa, teacher)
     config = papa.config
+    if not config.papa_constant_heads:  # the student is its teacher: training could only move it away
+        raise ValueError(
+            "this PAPA model has no constant head: it computes what its source computes, so healing has nothing to "
+            "close (it would only move the model away from its source); heal a model converted at a fraction above 0"
+        )
     max_length, pairs = int(config.papa_max_length), config.papa_calibrated_on == "pairs"
     corpus = corpus if isinstance(corpus, Corpus) else load_corpus(corpus, pairs=pairs, max_examples=max_examples)
     examples = list(corpus)[:max_examples] if max_examples else list(corpus)
