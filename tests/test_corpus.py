@@ -142,3 +142,18 @@ def test_documents_of_the_bundled_excerpt_offline():
     assert all(len(d.split()) >= DOCUMENT_WORDS for d in docs[:-1])
     with pytest.raises(ValueError, match="single documents"):
         load_corpus("documents:", pairs=True)
+
+
+def test_a_missing_or_empty_corpus_is_bad_usage_of_corpus_naming_the_fix(source, tmp_path, calibrations):
+    """A ``--corpus`` path that is not there, or a file with no example in it, is bad usage (exit 2) of ``--corpus``,
+    said with its fix, before anything is calibrated or written (it was a failed run, exit 1, naming no flag)."""
+    out = tmp_path / "out"
+    result = cli("convert", source, "--fraction", 0.5, "--corpus", tmp_path / "nope.txt", "--out", out)
+    assert result.exit_code == 2 and "'--corpus'" in result.output and "nope.txt" in result.output, result.output
+    assert "check the path" in result.output
+    blank = tmp_path / "blank.txt"
+    blank.write_text("\n  \n\n")
+    result = cli("calibrate", source, "--corpus", blank, "--max-length", 16, "--out", tmp_path / "c.safetensors")
+    assert result.exit_code == 2 and "'--corpus'" in result.output, result.output
+    assert "no usable examples: give one example per line" in " ".join(result.output.split())
+    assert calibrations.calls == 0 and sorted(p.name for p in tmp_path.iterdir()) == ["blank.txt"]

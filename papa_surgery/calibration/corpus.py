@@ -15,7 +15,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from ..failures import ArgumentTypeError, one_line, spell
+from ..failures import ArgumentError, ArgumentTypeError, one_line, spell
 
 TEXT_COLUMNS = ("text", "sentence", "content", "document")
 PAIR_COLUMNS = (("sentence1", "sentence2"), ("premise", "hypothesis"), ("question", "sentence"), ("text_a", "text_b"))
@@ -178,11 +178,9 @@ def load_corpus(src, pairs: bool = False, max_examples: int | None = None, colum
         corpus = _from_path_or_spec(str(src), pairs, max_examples, columns)
     else:
         raise ValueError(f"cannot read a corpus from {type(src).__name__}: pass a file, folder, Hub spec or list")
-    if _first(corpus) is None:
-        raise ValueError(
-            f"the corpus {corpus.description} has no usable examples"
-            + (f" (with {spell('pairs', True)} every line needs exactly one TAB)" if pairs else "")
-        )
+    if _first(corpus) is None:  # bad input, said as the corpus argument's error (the CLI: bad usage of --corpus)
+        fix = f"with {spell('pairs', True)} every line needs exactly one TAB" if pairs else "give one example per line"
+        raise ArgumentError("corpus", f"the corpus {corpus.description} has no usable examples: {fix}")
     return corpus
 
 
@@ -267,8 +265,10 @@ def _from_path_or_spec(src: str, pairs: bool, max_examples, columns) -> Corpus:
     parts = src.split(":")
     if len(parts) in (3, 4) and "/" not in parts[-1]:
         return _from_hub_spec(parts, pairs, max_examples)
-    raise ValueError(
-        f"corpus {src!r} is not a file, a folder or a Hub spec name[:config]:split:column (e.g. {DEFAULT_HUB_CORPUS})"
+    raise ArgumentError(
+        "corpus",
+        f"{src!r} is not a file, a folder or a Hub spec name[:config]:split:column (e.g. {DEFAULT_HUB_CORPUS}): "
+        "check the path",
     )
 
 

@@ -18,8 +18,9 @@ def head_grid_lines(d: dict, constant: str = "C", kept: str = ".") -> list[str]:
 
 
 def human_size(n: int) -> str:
-    for unit in ("B", "KB", "MB", "GB"):
-        if n < 1024 or unit == "GB":
+    """``n`` bytes in binary units, named as such (90,864,192 bytes: ``86.7 MiB``, as the demo prints it)."""
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
     return f"{n} B"
