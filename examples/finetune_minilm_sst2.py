@@ -58,7 +58,7 @@ def main() -> None:
     tuned = SweepConfig(**common, epochs=args.epochs, lr=args.lr)
     run_sweep(tuned, results, job=FinetuneJob(tuned))
     run_sweep(SweepConfig(**common), results)  # the paper's probe, for comparison
-    write_report(results, out / "report")
+    write_report(results, out / "report", overwrite=True)  # its own report, made again from the resumed results
     print(f"\nSST-2 dev accuracy, {args.train_examples} training examples, {args.seeds} seed(s)\n")
     print(table_finetuned(read_rows(results)))
     print(f"\nreport: {out / 'report' / 'report.md'}")
