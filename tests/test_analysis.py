@@ -340,6 +340,14 @@ def test_analyze_writes_summaries_and_figures(tiny, tmp_path, which):
     with pytest.raises(ValueError, match="mine.txt"):
         analyze(model, tok, CORPUS, which, tmp_path, overwrite=True, **options)
     assert (tmp_path / "mine.txt").read_text() == "keep me"
+    # a look-alike summary.json listing the user's own file does not make that file papa-surgery's
+    lookalike = tmp_path / "lookalike"
+    lookalike.mkdir()
+    (lookalike / "summary.json").write_text(json.dumps({"files": ["data.csv", "summary.json"]}))
+    (lookalike / "data.csv").write_text("1,2")
+    with pytest.raises(ValueError, match="data.csv"):
+        analyze(model, tok, CORPUS, which, lookalike, overwrite=True, **options)
+    assert (lookalike / "data.csv").read_text() == "1,2"
 
 
 # --- the real model -------------------------------------------------------------------------------------

@@ -39,6 +39,9 @@ LABELS = {
     "report": "a report folder",
     "analysis": "an analysis folder",
 }
+# What an analysis puts in its folder (papa_surgery.analysis.summary and workflow.analysis_job).
+ANALYSIS_FILES = {"summary.json", "norm-average.safetensors", "effective-average.safetensors", "token_shares.png",
+                  "sep_mass.png", "heatmaps.png", "norm-ranking.json"}  # fmt: skip
 # What write_report puts in a report folder: the report and the figures it may link.
 REPORT_FILES = {"report.md", "fig2_fractions.png", "fig3.png", "fig5_methods.png", "fig2_finetuned.png",
                 "fig4_constants.png"}  # fmt: skip
@@ -136,7 +139,7 @@ def _analysis_files(folder: Path) -> set[str] | None:
     files = summary.get("files") if summary is not None else None
     if not isinstance(files, list) or "summary.json" not in files:
         return None
-    return {str(name) for name in files}
+    return {str(name) for name in files} & ANALYSIS_FILES  # only names an analysis writes: never a listed stranger
 
 
 def _json_dict(path: Path) -> dict | None:
