@@ -18,6 +18,13 @@ from ..options import HealOptions
 logger = logging.getLogger("papa_surgery")
 
 
+# Why a model with no constant head is not healed (the CLI says it before the model loads, heal_model after).
+NOTHING_TO_HEAL = (
+    "has no constant head: it computes what its source computes, so healing has nothing to close (it would only "
+    "move the model away from its source)"
+)
+
+
 def check_teacher(papa, teacher) -> None:
     """ValueError unless ``teacher`` has the architecture ``papa`` was converted from (family and sizes)."""
     from ..models.families import get_family, is_papa_config, num_heads_layers
@@ -145,10 +152,7 @@ def heal_model(
     check_teacher(papa, teacher)
     config = papa.config
     if not config.papa_constant_heads:  # the student is its teacher: training could only move it away
-        raise ValueError(
-            "this PAPA model has no constant head: it computes what its source computes, so healing has nothing to "
-            "close (it would only move the model away from its source); heal a model converted at a fraction above 0"
-        )
+        raise ValueError(f"this PAPA model {NOTHING_TO_HEAL}; heal a model converted at a fraction above 0")
     max_length, pairs = int(config.papa_max_length), config.papa_calibrated_on == "pairs"
     corpus = corpus if isinstance(corpus, Corpus) else load_corpus(corpus, pairs=pairs, max_examples=max_examples)
     examples = list(corpus)[:max_examples] if max_examples else list(corpus)

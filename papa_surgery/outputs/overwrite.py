@@ -266,7 +266,7 @@ def check_folder(
                 f"refusing to overwrite {str(out)!r}: it {relation} the model being read ({source}); "
                 f"choose another {_out(argument)}"
             )
-    if out.is_dir() and not out.is_symlink() and not any(out.iterdir()):
+    if empty_folder(out):
         return  # an empty folder is written into
     config = _papa_config(out) if out.is_dir() else None
     if config is None:
@@ -294,10 +294,10 @@ def check_output_folder(out_dir: str | Path, overwrite: bool, kind: str, argumen
     empty folder, or (with ``overwrite``) an earlier folder of that kind holding only what papa-surgery wrote in it.
     Never a file, a folder of another kind, or one holding anything else (it is named)."""
     out = Path(out_dir)
-    label = LABELS[kind][LABELS[kind].index(" ") + 1 :]
+    label = _noun(kind)
     if out.is_file():
         raise ValueError(f"{_out(argument)} {str(out)!r} is a file; pass a folder path for the {label}")
-    if not (out.exists() or out.is_symlink()) or _empty(out):
+    if not (out.exists() or out.is_symlink()) or empty_folder(out):
         return
     found = kind_of(out) if out.is_dir() and not out.is_symlink() else None
     if found != kind:
@@ -316,7 +316,8 @@ def check_output_folder(out_dir: str | Path, overwrite: bool, kind: str, argumen
         raise ValueError(f"{label} {str(out)!r} already exists; pass {spell('overwrite', True)} to replace it")
 
 
-def _empty(path: Path) -> bool:
+def empty_folder(path: Path) -> bool:
+    """Whether ``path`` is an empty folder (not a symlink): no one's output, written into without ``overwrite``."""
     return path.is_dir() and not path.is_symlink() and not any(path.iterdir())
 
 
@@ -324,7 +325,7 @@ def check_file(path: str | Path, overwrite: bool, kind: str, argument: str = "ou
     """ValueError unless ``path`` may be written as a ``kind`` output ("constants" or "ranking"): a new path,
     or (with ``overwrite``) an earlier output of the same kind. Never a folder or another kind of file."""
     path = Path(path)
-    label = LABELS[kind][2:]
+    label = _noun(kind)
     if path.is_dir():
         raise ValueError(f"{_out(argument)} {str(path)!r} is a folder; pass a file path for the {label}")
     if not path.exists():
@@ -351,7 +352,11 @@ def check_results_file(path: str | Path, argument: str = "out_path") -> None:
         raise ValueError(f"refusing to append results to {str(path)!r}: {what}; choose another {_out(argument)}")
 
 
+def _noun(kind: str) -> str:
+    """The label of ``kind`` without its article: ``an analysis folder`` -> ``analysis folder``."""
+    return LABELS[kind].split(" ", 1)[1]
+
+
 def _ours(kind: str) -> str:
     """``a constants file`` -> ``a papa-surgery constants file`` (a checkpoint is named as it is)."""
-    label = LABELS[kind]
-    return label if kind == "checkpoint" else f"a papa-surgery {label.split(' ', 1)[1]}"
+    return LABELS[kind] if kind == "checkpoint" else f"a papa-surgery {_noun(kind)}"

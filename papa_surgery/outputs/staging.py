@@ -29,6 +29,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from ..failures import spell
+from .overwrite import empty_folder
 from .signals import signals_raise
 
 logger = logging.getLogger("papa_surgery")
@@ -232,11 +233,6 @@ def clean_leftovers(target: str | Path) -> list[Path]:
     return removed
 
 
-def _empty_dir(path: Path) -> bool:
-    """Whether ``path`` is an empty folder (not a symlink)."""
-    return path.is_dir() and not path.is_symlink() and not any(path.iterdir())
-
-
 def _keep(staging: Path, target: Path) -> Path:
     """Move a finished staging copy that may not go to ``target`` beside it, under a visible name; where it went."""
     stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
@@ -262,7 +258,7 @@ def _commit(staging: Path, target: Path, overwrite: bool, check: Check | None = 
     allows it (what is there may have changed while the run worked), or an empty folder when ``into_empty``."""
     if overwrite and check is not None and (target.exists() or target.is_symlink()):
         _check_again(staging, target, check)
-    if into_empty and _empty_dir(target):  # the empty folder the run was given; one that appears meanwhile is kept
+    if into_empty and empty_folder(target):  # the empty folder the run was given; one that appears meanwhile is kept
         with contextlib.suppress(OSError):  # not empty any more: the no-replace rename below refuses it
             os.rmdir(target)
     backup = None
@@ -293,7 +289,7 @@ def staged_dir(target: str | Path, overwrite: bool = False, check: Check | None 
             :class:`OutputExistsError` then names where the finished folder was kept).
     """
     target = Path(target)
-    into_empty = _empty_dir(target)
+    into_empty = empty_folder(target)
     if (target.exists() or target.is_symlink()) and not overwrite and not into_empty:
         raise FileExistsError(f"{target} already exists; pass {spell('overwrite', True)} to replace it")
     target.parent.mkdir(parents=True, exist_ok=True)

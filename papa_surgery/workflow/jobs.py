@@ -248,12 +248,11 @@ def run_heal(
             f"{checkpoint} is not a PAPA checkpoint: convert it first (papa-surgery convert, whose "
             f"{spell('heal_steps')} heals while converting)",
         )
-    if not getattr(config, "papa_constant_heads", None):
+    if not getattr(config, "papa_constant_heads", None):  # before its weights load
+        from ..healing.run import NOTHING_TO_HEAL
+
         raise ArgumentError(
-            "checkpoint",
-            f"{checkpoint} has no constant head: it computes what its source computes, so healing has nothing to "
-            "close (it would only move the model away from its source); heal a checkpoint converted at a fraction "
-            "above 0",
+            "checkpoint", f"{checkpoint} {NOTHING_TO_HEAL}; heal a checkpoint converted at a fraction above 0"
         )
     pairs = getattr(config, "papa_calibrated_on", None) == "pairs"
     corpus = open_healing_corpus(cal.corpus, pairs=pairs, max_examples=cal.max_examples)
