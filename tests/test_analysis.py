@@ -348,6 +348,8 @@ def test_analyze_writes_summaries_and_figures(tiny, tmp_path, which):
     with pytest.raises(ValueError, match="data.csv"):
         analyze(model, tok, CORPUS, which, lookalike, overwrite=True, **options)
     assert (lookalike / "data.csv").read_text() == "1,2"
+    staging = [p.name for p in (*tmp_path.parent.iterdir(), *tmp_path.iterdir()) if ".papa-staging-" in p.name]
+    assert staging == []  # every refusal and replacement left nothing half-written beside the folder
 
 
 # --- the real model -------------------------------------------------------------------------------------

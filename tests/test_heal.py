@@ -5,6 +5,7 @@ seed, and a stopped run resumes to exactly the uninterrupted result."""
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 import torch
@@ -419,6 +420,13 @@ def test_a_model_with_no_constant_head_is_not_healed(tiny, tmp_path):
     assert result.exit_code == 2 and "'--heal-steps'" in result.output, result.output
     assert "--fraction 0 makes no head constant" in " ".join(result.output.split())
     assert not (tmp_path / "a").exists()
+    heads = tiny.model("bert").config.num_attention_heads * tiny.model("bert").config.num_hidden_layers
+    small = 0.4 / heads  # rounds to no head: refused the same way, naming the smallest fraction that heals
+    result = runner.invoke(main, ["convert", str(src), "--fraction", str(small), *common, "--heal-steps", "2",
+                                  "--out", str(tmp_path / "a")])  # fmt: skip
+    said = " ".join(result.output.split())
+    assert result.exit_code == 2 and "'--heal-steps'" in result.output and "rounds to none" in said, result.output
+    assert f"--fraction {math.ceil(500 / heads) / 1000} or more" in said and not (tmp_path / "a").exists()
     result = runner.invoke(main, ["-q", "convert", str(src), "--fraction", "0", *common, "--out", str(tmp_path / "z")])
     assert result.exit_code == 0, result.output
     result = runner.invoke(main, ["heal", str(tmp_path / "z"), "--corpus", str(tmp_path / "corpus.txt"),

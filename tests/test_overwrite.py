@@ -266,3 +266,47 @@ def test_api_file_saves_replace_only_their_own_kind(tmp_path, what):
     obj.save(earlier)
     obj.save(earlier)  # its own kind: replaced
     assert staging_left(tmp_path) == []
+
+
+def test_convert_into_the_working_folder_is_refused(source, checkpoint, monkeypatch):
+    """A checkpoint folder is moved into place whole: an empty working folder (``--out .``) or a checkpoint the shell
+    is in (``--overwrite``) would be pulled from under it. Refused before anything runs; the folder stays."""
+    empty = source.parent / "empty"
+    empty.mkdir()
+    monkeypatch.chdir(empty)
+    result = cli("convert", source, *FAST_CONVERT, "--out", ".")
+    assert result.exit_code == 1 and "folder you are working in" in " ".join(result.output.split()), result.output
+    assert list(empty.iterdir()) == [] and staging_left(source.parent) == []
+    before = snapshot(checkpoint)
+    monkeypatch.chdir(checkpoint)
+    result = cli("convert", source, *FAST_CONVERT, "--out", ".", "--overwrite")
+    assert result.exit_code == 1 and "refusing to write into" in result.output, result.output
+    assert snapshot(checkpoint) == before
+    papa, tokenizer = papa_surgery.load(checkpoint)
+    copy = source.parent / "copy"
+    shutil.copytree(checkpoint, copy)
+    monkeypatch.chdir(copy)
+    with pytest.raises(ValueError, match="folder you are working in"):
+        papa_surgery.save(papa, ".", tokenizer, overwrite=True)
+    assert snapshot(copy) == before
+    assert snapshot(checkpoint) == before
+
+
+def test_an_out_that_is_a_symbolic_link_is_refused_naming_it(source, checkpoint, tmp_path):
+    """An output folder is moved into place whole: through a link to a checkpoint, ``--overwrite`` replaced the link
+    with a folder (the checkpoint it named stayed as it was); a link to an empty folder was refused as 'not a PAPA
+    checkpoint'. Both are refused as links, naming where they point; link and folder stay."""
+    link = tmp_path / "link"
+    link.symlink_to(checkpoint, target_is_directory=True)
+    before = snapshot(checkpoint)
+    result = cli("convert", source, *FAST_CONVERT, "--out", link, "--overwrite")
+    said = " ".join(result.output.split())
+    assert result.exit_code == 1 and "is a symbolic link (to" in said and str(checkpoint) in said, said
+    assert link.is_symlink() and snapshot(checkpoint) == before
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    to_empty = tmp_path / "to-empty"
+    to_empty.symlink_to(empty, target_is_directory=True)
+    result = cli("convert", source, *FAST_CONVERT, "--out", to_empty)
+    assert result.exit_code == 1 and "pass the folder it points to" in " ".join(result.output.split())
+    assert to_empty.is_symlink() and list(empty.iterdir()) == [] and staging_left(tmp_path) == []

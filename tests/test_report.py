@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import statistics
+from pathlib import Path
 
 import pytest
 from test_sweep import write_sst2
@@ -196,10 +197,13 @@ def test_report_never_writes_over_the_users_files(sweep_results, tmp_path):
     assert result.exit_code == 0 and (empty / "report.md").read_text().startswith("# PAPA "), result.output
     result = cli("report", sweep_results, "--out", empty)
     assert result.exit_code == 1 and "--overwrite" in result.output, result.output
-    (empty / "fig3.png").unlink()  # the report is replaced whole: a figure it no longer makes does not stay behind
+    made = sorted(p.name for p in empty.iterdir())
+    assert "fig4_constants.png" not in made  # these results have no constants to draw
+    (empty / "fig3.png").unlink()  # the report is replaced whole: a deleted figure comes back, a stale one is redrawn
     (empty / "fig2_fractions.png").write_bytes(b"stale")
+    (empty / "fig4_constants.png").write_bytes(b"old")  # and a figure this report no longer makes does not stay
     result = cli("report", sweep_results, "--out", empty, "--overwrite")
-    assert result.exit_code == 0, result.output
+    assert result.exit_code == 0 and sorted(p.name for p in empty.iterdir()) == made, result.output
     assert (empty / "fig2_fractions.png").read_bytes()[:4] == b"\x89PNG" and (empty / "fig3.png").is_file()
     (empty / "draft.md").write_text("mine\n")  # an earlier report the user added to: refused, naming the file
     result = cli("report", sweep_results, "--out", empty, "--overwrite")
@@ -208,6 +212,35 @@ def test_report_never_writes_over_the_users_files(sweep_results, tmp_path):
     with pytest.raises(ValueError, match="is a file"):
         write_report(sweep_results, mine / "notes.txt")
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no staging left behind
+
+
+def test_report_into_the_working_folder_is_refused_before_it_is_pulled_away(sweep_results, tmp_path, monkeypatch):
+    """A report folder is moved into place whole: ``--out "$PWD" --overwrite`` removed the shell's working folder
+    (and ``--out .``, empty, replaced it with a new one). Both are refused, naming the fix; the folder stays."""
+    from conftest import cli
+
+    done = tmp_path / "done"
+    assert cli("report", sweep_results, "--out", done).exit_code == 0
+    before = sorted(p.name for p in done.iterdir())
+    inode = done.stat().st_ino
+    monkeypatch.chdir(done)
+    for out in (".", str(done), ".."):
+        result = cli("report", sweep_results, "--out", out, "--overwrite")
+        said = " ".join(result.output.split())
+        assert result.exit_code == 1 and "refusing to write into" in said and "new folder inside it" in said, said
+    assert done.stat().st_ino == inode and sorted(p.name for p in done.iterdir()) == before
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    monkeypatch.chdir(empty)
+    result = cli("report", sweep_results, "--out", ".")
+    assert result.exit_code == 1 and "folder you are working in" in " ".join(result.output.split())
+    assert list(empty.iterdir()) == [] and Path.cwd().resolve() == empty.resolve()
+    assert cli("report", sweep_results, "--out", "report").exit_code == 0  # a new folder inside it works
+    (tmp_path / "link").symlink_to(empty / "report", target_is_directory=True)
+    result = cli("report", sweep_results, "--out", tmp_path / "link", "--overwrite")
+    assert result.exit_code == 1 and "is a symbolic link" in " ".join(result.output.split()), result.output
+    assert (tmp_path / "link").is_symlink()
+    assert (empty / "report" / "report.md").is_file()
 
 
 def _contrast(image, matrix) -> float:

@@ -12,6 +12,8 @@ Each output is recognised by what papa-surgery itself puts in it:
 - ``report``: a report folder (``report.md`` headed ``# PAPA``, and the figures it links);
 - ``analyze``: an analysis folder (``summary.json`` listing the files written beside it).
 
+An output folder is never the working directory or a folder holding it (it is moved into place whole, which would
+pull it from under the shell), nor a symbolic link (it would replace the link, not write through it).
 The model being read is never replaced, whatever path reaches it (a symlink, a relative path, a folder that
 holds it or lies inside it). An existing *empty* folder is no one's output: it is written into without
 ``overwrite``. The checks run before the first expensive step and again just before the finished output is
@@ -21,6 +23,7 @@ moved into place (:mod:`papa_surgery.outputs.staging`), so a refusal leaves noth
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections.abc import Iterable
 from pathlib import Path
@@ -266,6 +269,8 @@ def check_folder(
                 f"refusing to overwrite {str(out)!r}: it {relation} the model being read ({source}); "
                 f"choose another {_out(argument)}"
             )
+    check_not_link(out, argument)
+    check_not_cwd(out, argument)
     if empty_folder(out):
         return  # an empty folder is written into
     config = _papa_config(out) if out.is_dir() else None
@@ -297,7 +302,11 @@ def check_output_folder(out_dir: str | Path, overwrite: bool, kind: str, argumen
     label = _noun(kind)
     if out.is_file():
         raise ValueError(f"{_out(argument)} {str(out)!r} is a file; pass a folder path for the {label}")
-    if not (out.exists() or out.is_symlink()) or empty_folder(out):
+    if not (out.exists() or out.is_symlink()):
+        return
+    check_not_link(out, argument)
+    check_not_cwd(out, argument)
+    if empty_folder(out):
         return
     found = kind_of(out) if out.is_dir() and not out.is_symlink() else None
     if found != kind:
@@ -314,6 +323,31 @@ def check_output_folder(out_dir: str | Path, overwrite: bool, kind: str, argumen
         )
     if not overwrite:
         raise ValueError(f"{label} {str(out)!r} already exists; pass {spell('overwrite', True)} to replace it")
+
+
+def check_not_link(out: Path, argument: str = "out_dir") -> None:
+    """ValueError when ``out`` is a symbolic link: an output folder is moved into place whole, so it would replace
+    the link itself (an empty folder it points to stays empty), never write where the link points."""
+    if Path(out).is_symlink():
+        raise ValueError(
+            f"refusing to write to {str(out)!r}: it is a symbolic link (to {os.readlink(out)}), which an output folder "
+            f"would replace rather than write through; pass the folder it points to, or another {_out(argument)}"
+        )
+
+
+def check_not_cwd(out: Path, argument: str = "out_dir") -> None:
+    """ValueError when the existing folder ``out`` is the working directory or holds it: an output folder is moved
+    into place whole (the old one, or an empty one, removed), which would leave the shell in a removed folder."""
+    try:
+        here, folder = Path.cwd().resolve(), Path(out).resolve()
+    except OSError:  # the working directory is gone already
+        return
+    if folder == here or folder in here.parents:
+        where = "the folder you are working in" if folder == here else f"a folder holding the one you are in ({here})"
+        raise ValueError(
+            f"refusing to write into {str(out)!r}: it is {where}, and an output folder is moved into place whole, "
+            f"which would pull it from under you; choose another {_out(argument)}, such as a new folder inside it"
+        )
 
 
 def empty_folder(path: Path) -> bool:

@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from ..failures import spell
-from .overwrite import empty_folder
+from .overwrite import check_not_cwd, empty_folder
 from .signals import signals_raise
 
 logger = logging.getLogger("papa_surgery")
@@ -285,10 +285,13 @@ def staged_dir(target: str | Path, overwrite: bool = False, check: Check | None 
     ValueError (``papa_surgery.outputs.overwrite``); the result is then kept beside it, and the error says where.
 
     Raises:
+        ValueError: ``target`` is the working directory or holds it (it would be pulled from under the shell).
         FileExistsError: ``target`` exists and not ``overwrite`` (checked first, and again atomically at the end:
             :class:`OutputExistsError` then names where the finished folder was kept).
     """
     target = Path(target)
+    if target.is_dir():
+        check_not_cwd(target)
     into_empty = empty_folder(target)
     if (target.exists() or target.is_symlink()) and not overwrite and not into_empty:
         raise FileExistsError(f"{target} already exists; pass {spell('overwrite', True)} to replace it")

@@ -9,6 +9,7 @@ adapters over these calls.
 from __future__ import annotations
 
 import logging
+import math
 from pathlib import Path
 
 from .. import registry
@@ -116,6 +117,8 @@ def run_convert(
         repo_id = resolve_push_target(push.repo_id, out.resolve().name)
     path, config, source, info = _source(model_name, run.trust_remote_code)
     check_source_config(config, model_name)
+    if heal is not None:
+        _check_heads_to_heal(conv.fraction, config)
     if given is not None or cal.max_length is not None:  # the default, the source's own length, fits by construction
         check_max_length(config, given.max_length if given else cal.max_length, model_name)
     if ranking is not None:
@@ -134,12 +137,6 @@ def run_convert(
         reads_corpus = True  # the ranking calibrates what it reads, or runs the model on the corpus
     if heal is not None:
         check_healing_corpus(cal.corpus, pairs)
-        if conv.fraction == 0:  # no constant head: the student would be its teacher, and could only move away
-            raise ArgumentError(
-                "heal_steps",
-                f"{spell('fraction', 0)} makes no head constant, so there is nothing to heal: drop "
-                f"{spell('heal_steps')}, or convert at a larger {spell('fraction')}",
-            )
     # healing trains on a given corpus; at fraction 0 one given is still opened, so that a wrong path is an error
     reads_corpus = reads_corpus or ((heal is not None or none_constant) and cal.corpus is not None)
     corpus = open_corpus(cal.corpus, pairs=pairs, max_examples=cal.max_examples) if reads_corpus else None
@@ -215,6 +212,24 @@ def run_convert(
 
         hub_push(out, repo_id, private=push.private, revision=push.revision, create_pr=push.create_pr)
     return out
+
+
+def _check_heads_to_heal(fraction: float, config) -> None:
+    """ArgumentError naming ``--heal-steps`` when ``fraction`` makes no head of the source constant (0, or a
+    fraction that rounds to no head): the student would be its teacher, and healing could only move it away."""
+    from ..models.families import num_heads_layers
+    from ..ranking.order import head_count
+
+    heads, layers = num_heads_layers(config)
+    total = heads * layers
+    if head_count(fraction, total) == 0:
+        rounds = "" if fraction == 0 else f" ({fraction:g} of its {total} heads rounds to none)"
+        smallest = math.ceil(500 / total) / 1000  # head_count rounds half up: one head from 0.5 / total
+        raise ArgumentError(
+            "heal_steps",
+            f"{spell('fraction', f'{fraction:g}')} makes no head constant{rounds}, so there is nothing to heal: drop "
+            f"{spell('heal_steps')}, or convert at {spell('fraction', smallest)} or more",
+        )
 
 
 def run_heal(
