@@ -288,6 +288,8 @@ def save(
     Raises:
         ValueError: ``out_dir`` exists (pass ``overwrite=True``), cannot be replaced (the error says why and
             names the files that are not papa-surgery's), or ``model`` is not a PAPA model.
+        OutputExistsError: a folder appeared at ``out_dir`` while this ran (another run, the user): it is left
+            as it was, and the finished result is kept beside it, at the path the error names.
     """
     from .conversion.checkpoint import save_checkpoint
 
@@ -367,6 +369,8 @@ def analyze(
     Raises:
         ValueError: an unknown analysis, a corpus that gives no examples, or an ``out_dir`` that may not be
             written (the error says why).
+        OutputExistsError: a folder appeared at ``out_dir`` while this ran (another run, the user): it is left
+            as it was, and the finished result is kept beside it, at the path the error names.
     """
     from .workflow.analysis_job import analyze as run_analysis
 

@@ -42,7 +42,7 @@ _CLI = contextvars.ContextVar("papa_cli_spelling", default=False)
 
 
 # Arguments the commands take by position (``papa-surgery heal CHECKPOINT``), named as ``--help`` shows them.
-POSITIONAL = {"model", "checkpoint", "directory", "model_or_dir"}
+POSITIONAL = {"model", "checkpoint", "directory", "model_or_dir", "analysis"}
 
 
 def flag(name: str) -> str:

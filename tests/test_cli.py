@@ -291,3 +291,25 @@ def test_ctrl_c_exits_130_and_leaves_nothing(source, tmp_path):
     assert proc.returncode == 130, text[-2000:]
     assert "Aborted: interrupted" in text and "Traceback" not in text
     assert not out.exists() and not [p for p in tmp_path.iterdir() if p.name.startswith(".c.safetensors")]
+
+
+def test_positional_names_are_no_option_of_any_command():
+    """Errors name a positional argument as ``--help`` shows it (``CHECKPOINT``, ``failures.POSITIONAL``): an option
+    of the same name (``--checkpoint``) would then be misnamed in every error about it. Every positional argument of
+    every command is in the set, and no option is (``report RESULTS`` shares its name with ``convert --results``, so
+    it stays out: an error about it names it in words)."""
+    import click
+
+    from papa_surgery.cli import main
+    from papa_surgery.failures import POSITIONAL
+
+    def commands(group):
+        for command in group.commands.values():
+            yield from commands(command) if isinstance(command, click.Group) else (command,)
+
+    options, positionals = set(), set()
+    for command in commands(main):
+        for param in command.params:
+            (options if isinstance(param, click.Option) else positionals).add(param.name)
+    assert positionals - options <= POSITIONAL, positionals - options - POSITIONAL
+    assert not options & POSITIONAL, options & POSITIONAL

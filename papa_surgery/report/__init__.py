@@ -58,6 +58,8 @@ def write_report(results_path, out_dir, constants=None, *, overwrite: bool = Fal
     Raises:
         FileNotFoundError: no results file.
         ValueError: no result rows in it, or ``out_dir`` may not be written (the error says why).
+        OutputExistsError: a folder appeared at ``out_dir`` while this ran (another run, the user): it is left
+            as it was, and the finished result is kept beside it, at the path the error names.
     """
     from ..outputs.overwrite import check_output_folder
     from ..outputs.staging import staged_dir
