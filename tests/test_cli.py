@@ -313,3 +313,17 @@ def test_positional_names_are_no_option_of_any_command():
             (options if isinstance(param, click.Option) else positionals).add(param.name)
     assert positionals - options <= POSITIONAL, positionals - options - POSITIONAL
     assert not options & POSITIONAL, options & POSITIONAL
+
+
+def test_rank_has_no_ranking_option():
+    """``rank`` makes a ranking: its ``--help`` listed ``--ranking FILE (instead of --method)``, which it then
+    refused. The option is gone from it (a usage error naming it), and stays on ``convert``."""
+    from click.testing import CliRunner
+
+    from papa_surgery.cli import main
+
+    runner = CliRunner()
+    assert "--ranking" not in runner.invoke(main, ["rank", "--help"]).output
+    assert "--ranking" in runner.invoke(main, ["convert", "--help"]).output
+    result = runner.invoke(main, ["rank", "m", "--ranking", "r.json", "--method", "variance", "--out", "o.json"])
+    assert result.exit_code == 2 and "No such option '--ranking'" in result.output, result.output

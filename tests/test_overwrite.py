@@ -163,6 +163,23 @@ def test_calibrate_overwrite_replaces_an_earlier_constants_file(source, tmp_path
     assert Constants.load(out).max_length == 8
 
 
+@pytest.mark.parametrize("command", ["calibrate", "rank"])
+def test_a_file_output_ending_with_a_slash_is_refused_as_a_folder(source, tmp_path, command):
+    """``--out dir/`` says a folder: it wrote a file named ``dir``. Refused before anything runs, with an example file
+    path in that folder; nothing is written. The Python saves refuse the same."""
+    out = f"{tmp_path / 'made'}/"
+    extra = ["--method", "first-to-last"] if command == "rank" else ["--max-length", "8", "--max-examples", "4"]
+    result = cli(command, source, *extra, "--out", out)
+    said = " ".join(result.output.split())
+    assert result.exit_code == 1 and "names a folder; pass a file path" in said and f"e.g. {out}" in said, said
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["work"]
+    with pytest.raises(ValueError, match="names a folder"):
+        Constants.from_kind("identity", 2, 4, 16).save(out)
+    with pytest.raises(ValueError, match="names a folder"):
+        Ranking("random", ORDER, 2, 4).save(out)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["work"]
+
+
 def test_rank_overwrite_refuses_a_results_file(source, tmp_path):
     out = tmp_path / "results.jsonl"
     out.write_text(json.dumps({**ROW, "metric": "accuracy", "score": 0.9}) + "\n")

@@ -337,3 +337,26 @@ def test_inspect_asks_for_the_code_files_a_checkpoint_itself_imports(checkpoint)
     (checkpoint / "slot_plan.py").unlink()
     result = CliRunner().invoke(main, ["inspect", str(checkpoint)])
     assert result.exit_code == 1 and "missing model code slot_plan.py" in result.output
+
+
+def test_a_source_that_ships_code_of_its_own_says_it_was_not_run(tiny_folder, tmp_path, caplog):
+    """A source folder whose config names code of its own (``auto_map``) loads with transformers' registered class,
+    running none of it, as asked; it said nothing, though a model that needs its code then computes something
+    else. One warning names the code, the class used and the flag; a source without such code warns nothing."""
+    import logging
+    import shutil
+
+    src = tmp_path / "custom"
+    shutil.copytree(tiny_folder("bert"), src)
+    with caplog.at_level(logging.WARNING, logger="papa_surgery"):
+        papa_surgery.load(str(src))
+    assert not [r for r in caplog.records if "ships model code" in r.getMessage()]
+    edit_config(src, auto_map={"AutoModel": "modeling_custom.CustomBert"})
+    (src / "modeling_custom.py").write_text("raise SystemExit('the folder code ran')\n")
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="papa_surgery"):
+        model, _ = papa_surgery.load(str(src))
+    said = [r.getMessage() for r in caplog.records if "ships model code" in r.getMessage()]
+    assert len(said) == 1 and "AutoModel: modeling_custom.CustomBert" in said[0], said
+    assert "BertModel built it" in said[0] and "trust_remote_code=True" in said[0]
+    assert type(model).__name__ == "BertModel"

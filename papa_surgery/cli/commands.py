@@ -121,7 +121,7 @@ def calibrate(ctx, model, **kwargs):
 
 @click.command()
 @click.argument("model")
-@click_options(RankOptions)
+@click_options(RankOptions, exclude=("ranking",))  # rank makes a ranking: it reads none
 @click_options(ConvertOptions, only=("constants",))
 @click_options(CalibrationOptions)
 @click_options(RunOptions)

@@ -206,7 +206,7 @@ def train(
         torch.nn.utils.clip_grad_norm_(params, CLIP_NORM)
         optimizer.step()
         scheduler.step()
-        bar.set_postfix(loss=f"{history['losses'][-1]:.4f}")
+        bar.set_postfix(loss=f"{max(history['losses'][-1], 0.0):.4f}")  # 1 - cos rounds a hair below 0 ("-0.0000")
         done = step + 1
         if done < settings.steps and settings.eval_every and done % settings.eval_every == 0:
             evaluate(done)

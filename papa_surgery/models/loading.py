@@ -213,6 +213,26 @@ def _not_found(name: str, err: Exception, local_only: bool) -> str:
     return f"could not load model {name!r}: {first}"
 
 
+def _warn_unrun_code(name_or_path: str, config, model, trust_remote_code: bool) -> None:
+    """Say so when a source ships model code of its own (an ``auto_map``) and transformers' registered class built
+    it instead: no code of the folder ran, as asked, but a model that needs its code computes something else."""
+    from ..failures import spell
+    from .papa_classes import is_papa_model_type
+
+    auto_map = getattr(config, "auto_map", None)
+    if trust_remote_code or not isinstance(auto_map, dict) or not auto_map or is_papa_model_type(config.model_type):
+        return
+    shipped = ", ".join(f"{k}: {v if isinstance(v, str) else '/'.join(map(str, v))}" for k, v in auto_map.items())
+    logger.warning(
+        "%s ships model code of its own (auto_map %s), which was not run: transformers' %s built it; if the model "
+        "needs its own code, pass %s",
+        name_or_path,
+        shipped,
+        type(model).__name__,
+        spell("trust_remote_code", True),
+    )
+
+
 def load_source(
     name_or_path: str,
     auto_class: str = "AutoModel",
@@ -245,6 +265,7 @@ def load_source(
         local_files_only=local_only,
         **model_kwargs,
     )
+    _warn_unrun_code(name_or_path, config, model, trust_remote_code)
     prefix = getattr(model, "base_model_prefix", "") + "."
     missing_head = [k for k in info.get("missing_keys", []) if not k.startswith(prefix)]
     if auto_class == "AutoModelForMaskedLM" and missing_head:

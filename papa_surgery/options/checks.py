@@ -208,11 +208,13 @@ def _prefixed(name: str, prefix: str | None) -> str:
 def click_options(
     cls,
     only: tuple[str, ...] | None = None,
+    exclude: tuple[str, ...] = (),
     prefix: str | None = None,
     switch: str | None = None,
     helps: dict[str, str] | None = None,
 ):
-    """Decorator adding one click option per field of the dataclass ``cls`` (in field order; ``only`` those).
+    """Decorator adding one click option per field of the dataclass ``cls`` (in field order; ``only`` those, none of
+    ``exclude``: an option the command would only refuse, such as ``rank --ranking``).
 
     ``helps`` replaces a field's help where one command reads the option its own way (``heal --corpus``).
 
@@ -224,7 +226,8 @@ def click_options(
 
     def decorate(func):
         for f in reversed(dataclasses.fields(cls)):
-            if "help" not in f.metadata or not f.metadata["cli"] or (only is not None and f.name not in only):
+            chosen = (only is None or f.name in only) and f.name not in exclude
+            if "help" not in f.metadata or not f.metadata["cli"] or not chosen:
                 continue
             meta = f.metadata
             name = _prefixed(f.name, prefix)

@@ -358,8 +358,11 @@ def empty_folder(path: Path) -> bool:
 def check_file(path: str | Path, overwrite: bool, kind: str, argument: str = "out") -> Path:
     """ValueError unless ``path`` may be written as a ``kind`` output ("constants" or "ranking"): a new path,
     or (with ``overwrite``) an earlier output of the same kind. Never a folder or another kind of file."""
-    path = Path(path)
     label = _noun(kind)
+    if isinstance(path, str) and path.endswith(("/", os.sep)):  # Path() drops the separator that says "a folder"
+        example = f"{path}{'constants.safetensors' if kind == 'constants' else kind + '.json'}"
+        raise ValueError(f"{_out(argument)} {path!r} names a folder; pass a file path for the {label}, e.g. {example}")
+    path = Path(path)
     if path.is_dir():
         raise ValueError(f"{_out(argument)} {str(path)!r} is a folder; pass a file path for the {label}")
     if not path.exists():

@@ -351,8 +351,6 @@ def run_rank(
     """``papa-surgery rank``: write a ranking JSON."""
     from ..calibration.constants import Constants
 
-    if rank.ranking:
-        raise ArgumentError("ranking", f"`rank` makes a ranking: pass {spell('method')}, not {spell('ranking')}")
     method = registry.check_method(rank.resolved_method, rank.task)
     out = check_output_file(out, overwrite, "ranking")
     given = Constants.load(constants_file) if constants_file else None
