@@ -45,12 +45,17 @@ _CLI = contextvars.ContextVar("papa_cli_spelling", default=False)
 POSITIONAL = {"model", "checkpoint", "directory", "model_or_dir", "analysis"}
 
 
+# Python arguments that hold a group the command line gives as flags: named by the flag that turns the group on.
+GROUP_SWITCHES = {"heal_options": "heal_steps"}
+
+
 def flag(name: str) -> str:
     """The command-line flag of argument ``name`` (``max_length`` -> ``--max-length``; a positional argument as
-    ``--help`` names it: ``checkpoint`` -> ``CHECKPOINT``)."""
+    ``--help`` names it: ``checkpoint`` -> ``CHECKPOINT``; a group by its switch: ``heal_options`` ->
+    ``--heal-steps``)."""
     if name in POSITIONAL:
         return name.upper()
-    return "--" + name.replace("_", "-")
+    return "--" + GROUP_SWITCHES.get(name, name).replace("_", "-")
 
 
 _NO_VALUE = object()

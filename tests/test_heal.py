@@ -643,3 +643,17 @@ def test_the_sentence_pipeline_equals_sentence_transformers_encode(tiny, tmp_pat
     with torch.no_grad():
         got = pipeline(hf(**enc).last_hidden_state, enc["attention_mask"])
     assert got.shape == expected.shape and float((got - expected).abs().max()) <= 1e-5
+
+
+def test_a_sweep_of_a_labelled_kind_with_healing_names_heal_steps(tiny_folder, tmp_path):
+    """The refusal of healing a labelled kind's cells named ``--heal-options``, which no command has: it names the
+    flag that asked for healing (``heal_options`` in Python, where that is the argument)."""
+    from click.testing import CliRunner
+
+    from papa_surgery.cli import main
+
+    args = ["probe", str(tiny_folder("bert")), "--task", "sst2", "--kind", "labeled-average", "--heal-steps", "10"]
+    result = CliRunner().invoke(main, [*args, "--out", str(tmp_path / "r.jsonl")])
+    said = " ".join(result.output.split())
+    assert result.exit_code == 2 and "'--heal-steps'" in said and "--heal-options" not in said, said
+    assert "labeled-average" in said and not (tmp_path / "r.jsonl").exists()
