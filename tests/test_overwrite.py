@@ -167,11 +167,13 @@ def test_calibrate_overwrite_replaces_an_earlier_constants_file(source, tmp_path
 def test_a_file_output_ending_with_a_slash_is_refused_as_a_folder(source, tmp_path, command):
     """``--out dir/`` says a folder: it wrote a file named ``dir``. Refused before anything runs, with an example file
     path in that folder; nothing is written. The Python saves refuse the same."""
-    out = f"{tmp_path / 'made'}/"
     extra = ["--method", "first-to-last"] if command == "rank" else ["--max-length", "8", "--max-examples", "4"]
-    result = cli(command, source, *extra, "--out", out)
-    said = " ".join(result.output.split())
-    assert result.exit_code == 1 and "names a folder; pass a file path" in said and f"e.g. {out}" in said, said
+    for out in (f"{tmp_path / 'made'}/", f"{tmp_path / 'made'}/.", f"{tmp_path / 'nd'}/.."):  # Path() drops / and .
+        result = cli(command, source, *extra, "--out", out)
+        said = " ".join(result.output.split())
+        assert result.exit_code == 1 and "names a folder; pass a file path" in said, said
+        assert f"e.g. {out.rstrip('/')}/" in said and staging_left(tmp_path) == []
+    out = f"{tmp_path / 'made'}/"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["work"]
     with pytest.raises(ValueError, match="names a folder"):
         Constants.from_kind("identity", 2, 4, 16).save(out)
@@ -191,6 +193,18 @@ def test_rank_overwrite_refuses_a_results_file(source, tmp_path):
     earlier = Ranking("random", ORDER, 2, 4).save(tmp_path / "r.json")
     result = cli("rank", source, "--method", "first-to-last", "--out", earlier, "--overwrite")
     assert result.exit_code == 0 and Ranking.load(earlier).method == "first-to-last", result.output
+
+
+def test_probe_results_ending_with_a_slash_are_refused_as_a_folder(tmp_path):
+    """``probe --out results/`` names a folder: refused before the model loads, with an example file path."""
+    from papa_surgery.outputs.overwrite import check_results_file
+
+    for out in (f"{tmp_path / 'new'}/", f"{tmp_path}/."):
+        with pytest.raises(ValueError, match="names a folder; pass a file path for the results"):
+            check_results_file(out)
+    result = cli("probe", "no-such-model", "--task", "sst2", "--out", f"{tmp_path / 'new'}/")
+    assert result.exit_code == 1 and "names a folder" in result.output, result.output
+    assert list(tmp_path.iterdir()) == []
 
 
 @pytest.mark.parametrize("content", [b"my one-line notes", b"\x00binary", b'{"not": "a row"}\n'])
@@ -327,3 +341,9 @@ def test_an_out_that_is_a_symbolic_link_is_refused_naming_it(source, checkpoint,
     result = cli("convert", source, *FAST_CONVERT, "--out", to_empty)
     assert result.exit_code == 1 and "pass the folder it points to" in " ".join(result.output.split())
     assert to_empty.is_symlink() and list(empty.iterdir()) == [] and staging_left(tmp_path) == []
+    relative = tmp_path / "sub" / "rel"  # a relative link is named by where it leads, not by its text
+    relative.parent.mkdir()
+    relative.symlink_to(Path("..") / "gone", target_is_directory=True)
+    result = cli("convert", source, *FAST_CONVERT, "--out", relative)
+    said = " ".join(result.output.split())
+    assert result.exit_code == 1 and f"(to {tmp_path / 'gone'}, which does not exist)" in said, said

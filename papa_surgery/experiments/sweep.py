@@ -202,8 +202,8 @@ def run_sweep(
 
     config.validate()
     job = job or ProbeJob(config)
+    check_results_file(out_path)  # rows are appended to a results file, never to another file (nor `dir/`)
     out_path = Path(out_path)
-    check_results_file(out_path)  # rows are appended to a results file, never to another file
     tasks = [get_task(t) for t in _as_tuple(config.tasks)]
     model_config = model.config if model is not None else _config_of(config)
     papa = is_papa_config(model_config)

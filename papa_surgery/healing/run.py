@@ -152,7 +152,10 @@ def heal_model(
     check_teacher(papa, teacher)
     config = papa.config
     if not config.papa_constant_heads:  # the student is its teacher: training could only move it away
-        raise ValueError(f"this PAPA model {NOTHING_TO_HEAL}; heal a model converted at a fraction above 0")
+        raise ValueError(
+            f"this PAPA model {NOTHING_TO_HEAL}; heal a model converted with at least one constant head (a larger "
+            "fraction)"
+        )
     max_length, pairs = int(config.papa_max_length), config.papa_calibrated_on == "pairs"
     corpus = corpus if isinstance(corpus, Corpus) else load_corpus(corpus, pairs=pairs, max_examples=max_examples)
     examples = list(corpus)[:max_examples] if max_examples else list(corpus)

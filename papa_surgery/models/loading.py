@@ -213,23 +213,28 @@ def _not_found(name: str, err: Exception, local_only: bool) -> str:
     return f"could not load model {name!r}: {first}"
 
 
-def _warn_unrun_code(name_or_path: str, config, model, trust_remote_code: bool) -> None:
-    """Say so when a source ships model code of its own (an ``auto_map``) and transformers' registered class built
-    it instead: no code of the folder ran, as asked, but a model that needs its code computes something else."""
-    from ..failures import spell
+def _warn_unrun_code(name_or_path: str, config, model, auto_class: str, trust_remote_code: bool) -> None:
+    """Say so when a source ships model code of its own (``auto_map``) for a class other than the one transformers
+    built it with: none of that code ran, as asked, and the converted model follows transformers' class. The native
+    reimplementation of the same class (Nomic Embed's ``NomicBertModel``, EuroBERT's) is what papa-surgery supports,
+    and is not worth a warning."""
     from .papa_classes import is_papa_model_type
 
     auto_map = getattr(config, "auto_map", None)
-    if trust_remote_code or not isinstance(auto_map, dict) or not auto_map or is_papa_model_type(config.model_type):
+    if trust_remote_code or not isinstance(auto_map, dict) or is_papa_model_type(config.model_type):
         return
-    shipped = ", ".join(f"{k}: {v if isinstance(v, str) else '/'.join(map(str, v))}" for k, v in auto_map.items())
+    shipped = auto_map.get(auto_class) or auto_map.get("AutoModel")
+    shipped = shipped[0] if isinstance(shipped, (list, tuple)) else shipped  # (slow, fast) pairs are tokenizers'
+    built = type(model).__name__
+    if not isinstance(shipped, str) or shipped.rsplit(".", 1)[-1] == built:
+        return
     logger.warning(
-        "%s ships model code of its own (auto_map %s), which was not run: transformers' %s built it; if the model "
-        "needs its own code, pass %s",
+        "%s ships model code of its own (%s: %s), which was not run: transformers' %s built it, and the converted "
+        "model follows that class where the two differ",
         name_or_path,
+        auto_class if auto_class in auto_map else "AutoModel",
         shipped,
-        type(model).__name__,
-        spell("trust_remote_code", True),
+        built,
     )
 
 
@@ -265,7 +270,7 @@ def load_source(
         local_files_only=local_only,
         **model_kwargs,
     )
-    _warn_unrun_code(name_or_path, config, model, trust_remote_code)
+    _warn_unrun_code(name_or_path, config, model, auto_class, trust_remote_code)
     prefix = getattr(model, "base_model_prefix", "") + "."
     missing_head = [k for k in info.get("missing_keys", []) if not k.startswith(prefix)]
     if auto_class == "AutoModelForMaskedLM" and missing_head:

@@ -224,6 +224,10 @@ def click_options(
     :func:`optional_group` reads them back (``None`` unless the group's ``switch`` option is given).
     """
 
+    unknown = (set(only or ()) | set(exclude)) - {f.name for f in dataclasses.fields(cls)}
+    if unknown:  # a misspelt name would silently keep (or drop) an option
+        raise TypeError(f"{cls.__name__} has no option field {', '.join(sorted(unknown))}")
+
     def decorate(func):
         for f in reversed(dataclasses.fields(cls)):
             chosen = (only is None or f.name in only) and f.name not in exclude

@@ -23,12 +23,13 @@ moved into place (:mod:`papa_surgery.outputs.staging`), so a refusal leaves noth
 from __future__ import annotations
 
 import json
-import os
 import re
 from collections.abc import Iterable
 from pathlib import Path
 
-from ..failures import flag, spell
+from ..failures import spell
+from .places import check_file_path, check_not_cwd, check_not_link, empty_folder
+from .places import out_flag as _out
 
 # The fields every results row has: the cell it scored (papa_surgery.experiments.results builds its resume key,
 # KEY_FIELDS, from these and the corpus, which older rows lack).
@@ -84,11 +85,6 @@ _CHECKPOINT_FILES = {
 _SHARD = re.compile(r"^model-\d+-of-\d+\.safetensors$")
 _MAX_HEADER = 100 * 2**20  # a safetensors header larger than this is not one papa-surgery wrote
 _MAX_TEXT = 256 * 2**20  # rankings and results files are read whole only below this size
-
-
-def _out(argument: str) -> str:
-    """The output argument as the user passes it: ``--out`` on the command line, ``out_dir`` (say) in Python."""
-    return flag("out") if spell("out") == flag("out") else argument
 
 
 # ---------------------------------------------------------------------------------------------- recognising
@@ -308,7 +304,7 @@ def check_output_folder(out_dir: str | Path, overwrite: bool, kind: str, argumen
     check_not_cwd(out, argument)
     if empty_folder(out):
         return
-    found = kind_of(out) if out.is_dir() and not out.is_symlink() else None
+    found = kind_of(out) if out.is_dir() else None
     if found != kind:
         what = f"it is {_ours(found)}" if found else f"it is not {LABELS[kind]} papa-surgery wrote"
         entries = sorted(p.name for p in out.iterdir()) if out.is_dir() and not found else []
@@ -325,43 +321,11 @@ def check_output_folder(out_dir: str | Path, overwrite: bool, kind: str, argumen
         raise ValueError(f"{label} {str(out)!r} already exists; pass {spell('overwrite', True)} to replace it")
 
 
-def check_not_link(out: Path, argument: str = "out_dir") -> None:
-    """ValueError when ``out`` is a symbolic link: an output folder is moved into place whole, so it would replace
-    the link itself (an empty folder it points to stays empty), never write where the link points."""
-    if Path(out).is_symlink():
-        raise ValueError(
-            f"refusing to write to {str(out)!r}: it is a symbolic link (to {os.readlink(out)}), which an output folder "
-            f"would replace rather than write through; pass the folder it points to, or another {_out(argument)}"
-        )
-
-
-def check_not_cwd(out: Path, argument: str = "out_dir") -> None:
-    """ValueError when the existing folder ``out`` is the working directory or holds it: an output folder is moved
-    into place whole (the old one, or an empty one, removed), which would leave the shell in a removed folder."""
-    try:
-        here, folder = Path.cwd().resolve(), Path(out).resolve()
-    except OSError:  # the working directory is gone already
-        return
-    if folder == here or folder in here.parents:
-        where = "the folder you are working in" if folder == here else f"a folder holding the one you are in ({here})"
-        raise ValueError(
-            f"refusing to write into {str(out)!r}: it is {where}, and an output folder is moved into place whole, "
-            f"which would pull it from under you; choose another {_out(argument)}, such as a new folder inside it"
-        )
-
-
-def empty_folder(path: Path) -> bool:
-    """Whether ``path`` is an empty folder (not a symlink): no one's output, written into without ``overwrite``."""
-    return path.is_dir() and not path.is_symlink() and not any(path.iterdir())
-
-
 def check_file(path: str | Path, overwrite: bool, kind: str, argument: str = "out") -> Path:
     """ValueError unless ``path`` may be written as a ``kind`` output ("constants" or "ranking"): a new path,
     or (with ``overwrite``) an earlier output of the same kind. Never a folder or another kind of file."""
     label = _noun(kind)
-    if isinstance(path, str) and path.endswith(("/", os.sep)):  # Path() drops the separator that says "a folder"
-        example = f"{path}{'constants.safetensors' if kind == 'constants' else kind + '.json'}"
-        raise ValueError(f"{_out(argument)} {path!r} names a folder; pass a file path for the {label}, e.g. {example}")
+    check_file_path(path, label, "constants.safetensors" if kind == "constants" else f"{kind}.json", argument)
     path = Path(path)
     if path.is_dir():
         raise ValueError(f"{_out(argument)} {str(path)!r} is a folder; pass a file path for the {label}")
@@ -378,6 +342,7 @@ def check_file(path: str | Path, overwrite: bool, kind: str, argument: str = "ou
 
 def check_results_file(path: str | Path, argument: str = "out_path") -> None:
     """ValueError unless results rows may be appended to ``path``: a new or empty file, or a results file."""
+    check_file_path(path, "results (JSONL)", "results.jsonl", argument)
     path = Path(path)
     if path.is_dir():
         raise ValueError(f"{_out(argument)} {str(path)!r} is a folder; pass a file path for the results (JSONL)")

@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from ..failures import spell
-from .overwrite import check_not_cwd, empty_folder
+from .places import check_not_cwd, empty_folder
 from .signals import signals_raise
 
 logger = logging.getLogger("papa_surgery")
@@ -290,6 +290,8 @@ def staged_dir(target: str | Path, overwrite: bool = False, check: Check | None 
             :class:`OutputExistsError` then names where the finished folder was kept).
     """
     target = Path(target)
+    if target.name in ("", ".."):  # `out/..`: staged beside it as `..`, it could never be moved into place
+        target = target.resolve()
     if target.is_dir():
         check_not_cwd(target)
     into_empty = empty_folder(target)

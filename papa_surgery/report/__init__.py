@@ -64,7 +64,7 @@ def write_report(results_path, out_dir, constants=None, *, overwrite: bool = Fal
     from ..outputs.overwrite import check_output_folder
     from ..outputs.staging import staged_dir
 
-    out_dir = Path(out_dir).absolute()  # `--out .` stages beside the folder, not inside it
+    out_dir = Path(out_dir)
     check_output_folder(out_dir, overwrite, "report")
     paths = [results_path] if isinstance(results_path, (str, Path)) else list(results_path)
     all_rows = [row for path in paths for row in load_results(path)]

@@ -25,7 +25,7 @@ def analyze(model, tokenizer, corpus, which: str, out_dir, *, overwrite: bool = 
     from ..outputs.overwrite import check_output_folder
     from ..outputs.staging import staged_dir
 
-    target = Path(out_dir).absolute()  # `--out .` stages beside the folder, not inside it
+    target = Path(out_dir)
     check_output_folder(target, overwrite, "analysis")
     if corpus is None:
         corpus = open_corpus(None, max_examples=options.get("max_examples"))

@@ -267,7 +267,9 @@ def run_heal(
         from ..healing.run import NOTHING_TO_HEAL
 
         raise ArgumentError(
-            "checkpoint", f"{checkpoint} {NOTHING_TO_HEAL}; heal a checkpoint converted at a fraction above 0"
+            "checkpoint",
+            f"{checkpoint} {NOTHING_TO_HEAL}; heal one converted with at least one constant head (`convert` at a "
+            "larger --fraction)",
         )
     pairs = getattr(config, "papa_calibrated_on", None) == "pairs"
     corpus = open_healing_corpus(cal.corpus, pairs=pairs, max_examples=cal.max_examples)
