@@ -168,10 +168,13 @@ def rank(
 
     Raises:
         FileNotFoundError: ``constants`` names a file that does not exist.
-        ValueError: an unknown method (with a suggestion), a learned method without a task or model, or
-            missing constants.
+        ValueError: an unknown method (with a suggestion), a learned method without a task or model, a task
+            given to a method that reads none, or missing constants.
     """
+    from .workflow.preflight import check_task_read
+
     chosen = registry.check_method(method, task)
+    check_task_read(chosen, task)
     constants = None if constants is None else _constants(constants, chosen.name)
     if model is None:
         if chosen.task or chosen.corpus:

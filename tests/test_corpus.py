@@ -157,3 +157,9 @@ def test_a_missing_or_empty_corpus_is_bad_usage_of_corpus_naming_the_fix(source,
     assert result.exit_code == 2 and "'--corpus'" in result.output, result.output
     assert "no usable examples: give one example per line" in " ".join(result.output.split())
     assert calibrations.calls == 0 and sorted(p.name for p in tmp_path.iterdir()) == ["blank.txt"]
+    folder = tmp_path / "texts"  # a folder that is no saved dataset: it was datasets' own error, naming no flag
+    folder.mkdir()
+    result = cli("calibrate", source, "--corpus", folder, "--max-length", 16, "--out", tmp_path / "c.safetensors")
+    said = " ".join(result.output.split())
+    assert result.exit_code == 2 and "'--corpus'" in said and "not a dataset saved with `save_to_disk`" in said, said
+    assert calibrations.calls == 0 and sorted(p.name for p in tmp_path.iterdir()) == ["blank.txt", "texts"]

@@ -384,6 +384,8 @@ def test_cli_convert_with_heal_steps_and_heal_a_checkpoint(tiny, tmp_path):
     assert result.exit_code == 0, result.output
     healing = json.loads((tmp_path / "c" / "papa_recipe.json").read_text())["healing"]
     assert healing["train"] == "full" and healing["command"].startswith("papa-surgery heal")
+    cosines = f"{healing['heldout_before']['sentence_cosine']:.4f} -> {healing['heldout_after']['sentence_cosine']:.4f}"
+    assert "healed: full for 4 steps toward src" in result.output and cosines in result.output, result.output
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a", "b", "c", "corpus.txt", "src"]  # no state left
     # a healing option without --heal-steps does nothing: refused
     result = runner.invoke(main, ["convert", str(src), "--fraction", "0.5", "--heal-train", "full", *common,
@@ -660,3 +662,54 @@ def test_a_sweep_of_a_labelled_kind_with_healing_names_heal_steps(tiny_folder, t
     said = " ".join(result.output.split())
     assert result.exit_code == 2 and "'--heal-steps'" in said and "--heal-options" not in said, said
     assert "labeled-average" in said and not (tmp_path / "r.jsonl").exists()
+
+
+def test_a_healing_error_names_the_option_as_the_command_spells_it(tiny_folder, tmp_path):
+    """``convert``/``probe --heal-steps`` with too few examples for the held-out split named ``--heldout``, which only
+    ``heal`` has: they name ``--heal-heldout``; ``heal`` still names ``--heldout``."""
+    from click.testing import CliRunner
+    from test_sweep import write_sst2
+
+    from papa_surgery.cli import main
+
+    src = str(tiny_folder("bert"))
+    (tmp_path / "c.txt").write_text("\n".join(CORPUS[:16]) + "\n")
+    few = ["--corpus", str(tmp_path / "c.txt"), "--max-length", str(L)]
+    runner = CliRunner()
+    result = runner.invoke(
+        main, ["convert", src, "--fraction", "1", *few, "--heal-steps", "2", "--out", str(tmp_path / "a")]
+    )
+    assert result.exit_code == 2 and "'--heal-heldout'" in result.output, result.output
+    assert not (tmp_path / "a").exists()
+    data = write_sst2(tmp_path / "data", train=16, dev=8)
+    sweep = ["probe", src, "--task", "sst2", "--data-dir", str(data), "--fractions", "1", "--max-length", str(L)]
+    result = runner.invoke(main, [*sweep, "--heal-steps", "2", "--out", str(tmp_path / "r.jsonl")])
+    assert result.exit_code == 2 and "'--heal-heldout'" in result.output, result.output
+    assert (
+        runner.invoke(main, ["-q", "convert", src, "--fraction", "1", *few, "--out", str(tmp_path / "b")]).exit_code
+        == 0
+    )
+    result = runner.invoke(main, ["heal", str(tmp_path / "b"), "--corpus", str(tmp_path / "c.txt"), "--teacher", src,
+                                  "--steps", "2", "--out", str(tmp_path / "h")])  # fmt: skip
+    assert result.exit_code == 2 and "'--heldout'" in result.output, result.output
+
+
+def test_healing_that_moves_away_from_the_source_says_so(source, caplog):
+    """Healing that ends further from the source on its held-out text (too few steps, a learning rate too high) was
+    written silently; a warning now gives both agreements and what to do. A run that gets closer warns nothing."""
+    import logging
+
+    model, tok, _ = source
+    papa = converted(source)
+    with caplog.at_level(logging.WARNING, logger="papa_surgery"):
+        healed = heal_model(papa, model, tok, CORPUS, HealOptions(**{**QUICK, "lr": 1.0}), progress=False)
+    record = healed.papa_recipe["healing"]
+    before, after = record["heldout_before"]["sentence_cosine"], record["heldout_after"]["sentence_cosine"]
+    said = [r.getMessage() for r in caplog.records if "moved the model away" in r.getMessage()]
+    assert after < before and len(said) == 1 and f"{before:.4f} -> {after:.4f}" in said[0], (before, after, said)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="papa_surgery"):
+        healed = heal_model(converted(source), model, tok, CORPUS, HealOptions(**QUICK), progress=False)
+    record = healed.papa_recipe["healing"]
+    assert record["heldout_after"]["sentence_cosine"] >= record["heldout_before"]["sentence_cosine"]
+    assert not [r for r in caplog.records if "moved the model away" in r.getMessage()]

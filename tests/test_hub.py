@@ -168,11 +168,25 @@ def test_failed_upload_leaves_folder_intact_and_retry_succeeds(checkpoint, fake_
     assert set(fake_hub.files("user/flaky")) == set(before) | {".gitattributes"}
 
 
-def test_no_token_is_a_clear_error_before_any_request(checkpoint, fake_hub):
+def test_no_token_is_a_clear_error_before_any_request(checkpoint, fake_hub, monkeypatch):
+    """No token: the fixes in the front end's words (``token=`` in Python only: the CLI has no such flag); offline,
+    the offline mode is said first (a token would not help)."""
+    from click.testing import CliRunner
+    from huggingface_hub import constants
+
+    from papa_surgery.cli import main
+
     folder, _, _ = checkpoint
-    with pytest.raises(RuntimeError, match=r"huggingface-cli login.*HF_TOKEN"):
+    with pytest.raises(RuntimeError, match=r"huggingface-cli login.*HF_TOKEN, or pass token="):
         hub.push(folder, "user/nope", endpoint=fake_hub.endpoint)
     assert fake_hub.requests == []
+    monkeypatch.setenv("HF_ENDPOINT", fake_hub.endpoint)
+    result = CliRunner().invoke(main, ["push", str(folder), "--repo-id", "user/nope"])
+    said = " ".join(result.output.split())
+    assert result.exit_code == 1 and "HF_TOKEN" in said and "token=" not in said, said
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    result = CliRunner().invoke(main, ["push", str(folder), "--repo-id", "user/nope"])
+    assert result.exit_code == 1 and "HF_HUB_OFFLINE is set" in result.output, result.output
 
 
 def test_token_from_env_and_private_flag_reaches_server(checkpoint, fake_hub, monkeypatch):

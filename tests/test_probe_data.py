@@ -179,3 +179,18 @@ def test_empty_task_file_is_named(tmp_path):
     (tmp_path / "glue" / "sst2" / "train.tsv").write_text("")
     with pytest.raises(ValueError, match=r"train\.tsv is empty"):
         load_split("sst2", "train", tmp_path)
+
+
+def test_an_unknown_task_is_bad_usage_of_the_flag_that_named_it(tmp_path):
+    """``probe --task sst3`` was a failed run (exit 1) though a bad value is bad usage (exit 2); an unknown task named
+    in ``--corpus task:NAME`` names ``--corpus``. Nothing is written."""
+    from click.testing import CliRunner
+
+    from papa_surgery.cli import main
+
+    out = tmp_path / "r.jsonl"
+    result = CliRunner().invoke(main, ["probe", "some-model", "--task", "sst3", "--out", str(out)])
+    assert result.exit_code == 2 and "'--task'" in result.output and "did you mean 'sst2'" in result.output
+    result = CliRunner().invoke(main, ["probe", "m", "--task", "sst2", "--corpus", "task:foo", "--out", str(out)])
+    assert result.exit_code == 2 and "'--corpus'" in result.output and "unknown task 'foo'" in result.output
+    assert not out.exists()

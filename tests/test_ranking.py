@@ -191,3 +191,37 @@ def test_other_bad_inputs(tiny, tmp_path):
     (tmp_path / "broken.json").write_text("{")
     with pytest.raises(ValueError, match="not JSON"):
         Ranking.load(tmp_path / "broken.json")
+
+
+def test_a_task_given_to_a_ranking_that_reads_none_is_refused(tiny_folder, tmp_path):
+    """``--task sst2 --method variance`` ranked by variance and ignored the task silently: refused on the command line
+    (rank, convert) and in Python, naming the learned methods; nothing is written."""
+    from click.testing import CliRunner
+
+    import papa_surgery
+    from papa_surgery.calibration import Constants
+    from papa_surgery.cli import main
+
+    src = str(tiny_folder("bert"))
+    for command in ("rank", "convert"):
+        out = tmp_path / f"{command}-out"
+        fraction = ["--fraction", "0.5"] if command == "convert" else []
+        args = [
+            command,
+            src,
+            *fraction,
+            "--method",
+            "variance",
+            "--task",
+            "sst2",
+            "--max-length",
+            "16",
+            "--out",
+            str(out),
+        ]
+        result = CliRunner().invoke(main, args)
+        said = " ".join(result.output.split())
+        assert result.exit_code == 2 and "'--task'" in said and "reads no labelled task" in said, said
+        assert "lambda" in said and not out.exists()
+    with pytest.raises(ValueError, match="reads no labelled task: drop task="):
+        papa_surgery.rank("variance", constants=Constants.from_kind("identity", 2, 4, 16), task="sst2")

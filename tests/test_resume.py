@@ -91,3 +91,51 @@ def test_two_sweeps_on_one_file_run_each_cell_once(tiny_folder, data_dir, tmp_pa
     rows = read_rows(out)
     assert len(rows) == 2 and len({cell_key(r) for r in rows}) == 2
     assert len(calls) == 2
+
+
+def test_a_sweep_that_fails_before_its_first_row_leaves_no_results_file(tiny_folder, tmp_path):
+    """A failed sweep left a 0-byte results file (``--corpus missing.txt``: exit 2 and an empty ``r.jsonl``); a file
+    the sweep did not create stays, even empty."""
+    from click.testing import CliRunner
+    from test_sweep import write_sst2
+
+    from papa_surgery.cli import main
+
+    data = write_sst2(tmp_path / "data")
+    args = ["probe", str(tiny_folder("bert")), "--task", "sst2", "--data-dir", str(data), "--fractions", "1"]
+    for out in (tmp_path / "new.jsonl", tmp_path / "sub" / "new.jsonl"):
+        result = CliRunner().invoke(main, [*args, "--corpus", str(tmp_path / "missing.txt"), "--out", str(out)])
+        assert result.exit_code == 2 and "--corpus" in result.output, result.output
+        assert not out.exists()
+    mine = tmp_path / "mine.jsonl"
+    mine.touch()
+    result = CliRunner().invoke(main, [*args, "--corpus", str(tmp_path / "missing.txt"), "--out", str(mine)])
+    assert result.exit_code == 2 and mine.is_file() and mine.stat().st_size == 0
+
+
+def test_a_sweep_waiting_on_one_that_made_nothing_writes_its_rows_to_the_file(tmp_path):
+    """Sweep A made the results file and failed before a row, so it removes the file; sweep B, waiting on A's lock
+    all along, must then write to a file at that path, not into the removed one (its rows would be lost)."""
+    import threading
+    import time
+
+    from papa_surgery.experiments.results import locked
+
+    path = tmp_path / "r.jsonl"
+    entered, done = threading.Event(), []
+
+    def second():
+        entered.set()
+        with locked(path):
+            with open(path, "a", encoding="utf-8") as f:
+                f.write('{"row": "b"}\n')
+        done.append(True)
+
+    with locked(path):
+        thread = threading.Thread(target=second)
+        thread.start()
+        entered.wait()
+        time.sleep(0.3)  # B is waiting on the lock of the file A made
+        assert not done
+    thread.join(10)
+    assert done and path.read_text() == '{"row": "b"}\n'

@@ -250,7 +250,14 @@ def _from_path_or_spec(src: str, pairs: bool, max_examples, columns) -> Corpus:
     if path.is_dir():
         import datasets
 
-        ds = datasets.load_from_disk(str(path))
+        try:
+            ds = datasets.load_from_disk(str(path))
+        except FileNotFoundError:  # a folder that is no saved dataset: bad usage of the corpus argument
+            raise ArgumentError(
+                "corpus",
+                f"{src!r} is a folder but not a dataset saved with `save_to_disk`; pass a text file (one example per "
+                "line), a .jsonl/.csv/.parquet file, or such a dataset folder",
+            ) from None
         if isinstance(ds, datasets.DatasetDict):
             split = "train" if "train" in ds else next(iter(ds))
             ds = ds[split]

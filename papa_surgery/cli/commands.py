@@ -25,6 +25,7 @@ from ..options import (
     RunOptions,
     click_options,
     from_kwargs,
+    group_errors,
     optional_group,
 )
 from .context import given, progress_of, verbosity
@@ -78,7 +79,8 @@ def _refuse_calibration_with_constants(ctx, constants_file: str | None) -> None:
         if given(ctx, name):
             flag = "--" + name.replace("_", "-")
             raise click.BadParameter(
-                f"is not used with --constants (the constants are already calibrated); drop {flag} or --constants",
+                f"{flag} is not used with --constants (the constants are already calibrated); drop {flag} or "
+                "--constants",
                 param_hint=f"'{flag}'",
             )
 
@@ -169,10 +171,29 @@ def convert(ctx, model, do_push, **kwargs):
     Healing trains on --corpus when it is given, else on the default healing corpus (see heal --help).
     """
     from ..conversion.inspection import describe
-    from ..workflow.jobs import run_convert
 
     _refuse_calibration_with_constants(ctx, kwargs.get("constants"))
-    out = run_convert(
+    heal = optional_group(HealOptions, kwargs, "heal", "steps")
+    with group_errors(HealOptions, "heal", own=(p.name for p in ctx.command.params)):  # --heal-heldout, not --heldout
+        out = _convert(ctx, model, kwargs, do_push, heal)
+    d = describe(out) if is_main_process() else {}
+    click.echo(f"wrote {out} ({d.get('num_constant_heads', '?')} of {d.get('num_heads_total', '?')} heads constant)")
+    _say_healed(d)
+
+
+def _say_healed(d: dict) -> None:
+    """The held-out agreement before and after healing, as the run ends (``inspect`` shows it later)."""
+    from ..conversion.healed import healing_line
+
+    line = healing_line(d.get("healing"))
+    if line:
+        click.echo(f"healed: {line}")
+
+
+def _convert(ctx, model: str, kwargs: dict, do_push: bool, heal):
+    from ..workflow.jobs import run_convert
+
+    return run_convert(
         model,
         from_kwargs(CalibrationOptions, kwargs),
         from_kwargs(RankOptions, kwargs),
@@ -183,11 +204,9 @@ def convert(ctx, model, do_push, **kwargs):
         command=command_line(ctx),
         progress=progress_of(ctx),
         distill=from_kwargs(DistillOptions, kwargs),
-        heal=optional_group(HealOptions, kwargs, "heal", "steps"),
+        heal=heal,
         tuning=_tuning(ctx),
     )
-    d = describe(out) if is_main_process() else {}
-    click.echo(f"wrote {out} ({d.get('num_constant_heads', '?')} of {d.get('num_heads_total', '?')} heads constant)")
 
 
 @click.command()
@@ -219,6 +238,10 @@ def heal(ctx, checkpoint, out, overwrite, **kwargs):
         progress=progress_of(ctx),
     )
     click.echo(f"wrote {path}")
+    if is_main_process():
+        from ..conversion.inspection import describe
+
+        _say_healed(describe(path))
 
 
 @click.command()

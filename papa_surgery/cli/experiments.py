@@ -18,6 +18,7 @@ from ..options import (
     SweepOptions,
     click_options,
     from_kwargs,
+    group_errors,
     optional_group,
 )
 from .context import progress_of, verbosity
@@ -110,7 +111,8 @@ def probe(ctx, model_or_dir, **kwargs):
     heal = optional_group(HealOptions, kwargs, "heal", "steps")
     config = _sweep_config(model_or_dir, sweep, heal, kwargs["trust_remote_code"], kwargs["sharpen_search"])
     before = _rows_in(sweep.out)
-    rows = run_sweep(config, sweep.out, progress=progress_of(ctx))
+    with group_errors(HealOptions, "heal", own=(p.name for p in ctx.command.params)):  # --heal-heldout, not --heldout
+        rows = run_sweep(config, sweep.out, progress=progress_of(ctx))
     click.echo(_summary(rows, before, sweep.out))
 
 
@@ -140,9 +142,9 @@ def finetune(ctx, model_or_dir, **kwargs):
     heal = optional_group(HealOptions, kwargs, "heal", "steps")
     config = _sweep_config(model_or_dir, sweep, heal, kwargs["trust_remote_code"], kwargs["sharpen_search"])
     before = _rows_in(sweep.out)
-    rows = run_sweep(
-        config, sweep.out, progress=progress_of(ctx), job=FinetuneJob(config, from_kwargs(FinetuneOptions, kwargs))
-    )
+    job = FinetuneJob(config, from_kwargs(FinetuneOptions, kwargs))
+    with group_errors(HealOptions, "heal", own=(p.name for p in ctx.command.params)):
+        rows = run_sweep(config, sweep.out, progress=progress_of(ctx), job=job)
     click.echo(_summary(rows, before, sweep.out))
 
 

@@ -19,7 +19,16 @@ from ..failures import one_line
 from .card import REPO_PLACEHOLDER
 from .inspection import REQUIRED_FILES, describe, shipped_code_files
 
-LOGIN_HINT = "run `huggingface-cli login` (or `hf auth login`), or set HF_TOKEN, or pass token="
+
+def login_hint() -> str:
+    """How to give a token, in the words of the front end in use (``token=`` exists in Python only)."""
+    from ..failures import on_command_line
+
+    return "run `huggingface-cli login` (or `hf auth login`), or set HF_TOKEN" + (
+        "" if on_command_line() else ", or pass token="
+    )
+
+
 IGNORE_PATTERNS = ["__pycache__/*", "**/__pycache__/*", "*.pyc", ".ipynb_checkpoints/*", ".DS_Store"]
 
 
@@ -82,7 +91,7 @@ def resolve_token(token: str | None = None) -> str:
 
     found = os.environ.get("HF_TOKEN") or get_token()
     if not found:
-        raise RuntimeError(f"no Hugging Face token found to push with: {LOGIN_HINT}")
+        raise RuntimeError(f"no Hugging Face token found to push with: {login_hint()}")
     return found
 
 
@@ -121,15 +130,15 @@ def resolve_push_target(
 
     if repo_id:
         check_repo_id(repo_id)
-    token = resolve_token(token)
-    if constants.is_offline_mode():
+    if constants.is_offline_mode():  # first: with no network a token would not help
         raise RuntimeError("HF_HUB_OFFLINE is set: unset it (or set HF_HUB_OFFLINE=0) to push to the Hub")
+    token = resolve_token(token)
     try:
         who = HfApi(endpoint=endpoint, token=token).whoami()
     except Exception as err:
         status = getattr(getattr(err, "response", None), "status_code", None)
         if status == 401:
-            raise RuntimeError(f"the Hub rejected the token (401): {LOGIN_HINT}") from None
+            raise RuntimeError(f"the Hub rejected the token (401): {login_hint()}") from None
         first = one_line(err)
         raise RuntimeError(
             f"could not reach the Hugging Face Hub to check the push target ({first}); connect, or drop --push "
@@ -173,7 +182,7 @@ def _explain(err: Exception, repo_id: str, folder: Path, step: str) -> Exception
         return err
     status = getattr(getattr(err, "response", None), "status_code", None)
     if status == 401:
-        cause = f"the token was rejected (401); {LOGIN_HINT} with a token that has write access"
+        cause = f"the token was rejected (401); {login_hint()} with a token that has write access"
     elif status == 403:
         cause = (
             f"no write access to {repo_id!r} (403): the name belongs to another user or organisation, "
@@ -232,9 +241,9 @@ def push(
         check_repo_id(repo_id)
     if create_pr and revision not in (None, constants.DEFAULT_REVISION):
         raise ValueError("create_pr opens a pull request against main; do not pass a revision with it")
-    token = resolve_token(token)
-    if constants.is_offline_mode():
+    if constants.is_offline_mode():  # first: with no network a token would not help
         raise RuntimeError("HF_HUB_OFFLINE is set: unset it (or set HF_HUB_OFFLINE=0) to push to the Hub")
+    token = resolve_token(token)
     if not repo_id:
         repo_id = resolve_push_target(None, folder.resolve().name, token=token, endpoint=endpoint)
 

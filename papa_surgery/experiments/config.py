@@ -150,7 +150,10 @@ class SweepConfig:
             registry.method(method)
         for spec in self.corpora:
             if spec.startswith(TASK_CORPUS + ":"):
-                get_task(spec.split(":", 1)[1])
+                try:
+                    get_task(spec.split(":", 1)[1])
+                except ArgumentError as err:  # named in --corpus task:NAME, not in --task
+                    raise ArgumentError("corpus", err.detail) from None
         if self.data_dir is not None and not Path(self.data_dir).is_dir():
             raise ArgumentError("data_dir", f"{self.data_dir} is not a folder")
         if self.max_length is not None and self.max_length < 4:

@@ -82,7 +82,8 @@ def locked(path: str | Path):
     """Hold an exclusive lock on the results file while a sweep reads and appends to it.
 
     A second sweep on the same file waits (and says so), then sees the first one's rows and skips them:
-    no cell is run or written twice. (No lock where ``fcntl`` is missing.)
+    no cell is run or written twice. A results file this sweep created and wrote no row to is removed when it
+    ends (a sweep that failed before its first cell leaves nothing behind). (No lock where ``fcntl`` is missing.)
     """
     try:
         import fcntl
@@ -91,16 +92,28 @@ def locked(path: str | Path):
         return
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a", encoding="utf-8") as handle:
+    while True:
+        created = not path.exists()
+        handle = open(path, "a", encoding="utf-8")
         try:
             fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
             logger.warning("%s: another sweep is writing to it; waiting for it to finish", path)
             fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
         try:
-            yield
-        finally:
-            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+            same = os.stat(path).st_ino == os.fstat(handle.fileno()).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            break
+        handle.close()  # the sweep it waited for removed the empty file it had made: lock the file that is there now
+    try:
+        yield
+    finally:
+        if created and os.fstat(handle.fileno()).st_size == 0:
+            path.unlink(missing_ok=True)  # before the lock goes: a sweep waiting on this file then makes its own
+        fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+        handle.close()
 
 
 def check_options(rows: list[dict], cell: Cell, options: dict, path) -> None:

@@ -202,6 +202,14 @@ def heal_model(
         after = held.measure(healed)
     finally:
         restore()
+    if before and after and after["sentence_cosine"] < before["sentence_cosine"]:  # too few steps, or other text
+        logger.warning(
+            "healing moved the model away from its source on the %d held-out examples (sentence cosine %.4f -> %.4f): "
+            "heal for more steps, or on text like the text it will read",
+            len(heldout),
+            before["sentence_cosine"],
+            after["sentence_cosine"],
+        )
     healed.papa_recipe = {**(getattr(papa, "papa_recipe", None) or {})}
     healed.papa_recipe["healing"] = {
         "teacher": teacher_name or getattr(config, "papa_source_model", None),

@@ -5,9 +5,11 @@ See :mod:`papa_surgery.options` for the whole picture.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import re
+from collections.abc import Iterable
 from dataclasses import field
 from fractions import Fraction
 from typing import Any
@@ -276,6 +278,21 @@ def optional_group(cls, kwargs: dict, prefix: str, switch: str):
     try:
         return cls(**given)
     except ArgumentError as err:  # a field of the group, named as this command spells it (--heal-...)
+        raise ArgumentError(_prefixed(err.argument, prefix), err.detail) from None
+
+
+@contextlib.contextmanager
+def group_errors(cls, prefix: str, own: Iterable[str] = ()):
+    """Inside, an ``ArgumentError`` about a field of ``cls`` (raised by the job, such as healing's ``heldout``)
+    names the option as a command holding the group under ``prefix`` spells it (``convert --heal-heldout``): the
+    bare name is another command's flag (``heal --heldout``). Names in ``own`` (the command's unprefixed options,
+    such as the lambda ranking's ``steps``) are the command's own and kept."""
+    names = {f.name for f in dataclasses.fields(cls)} - set(own)
+    try:
+        yield
+    except ArgumentError as err:
+        if err.argument not in names:
+            raise
         raise ArgumentError(_prefixed(err.argument, prefix), err.detail) from None
 
 

@@ -160,4 +160,6 @@ def get_task(name: str | Task) -> Task:
         return TASKS[key]
     close = difflib.get_close_matches(key, list(TASKS), n=3, cutoff=0.5)
     hint = f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
-    raise ValueError(f"unknown task {name!r}{hint} (known tasks: {', '.join(TASKS)})")
+    from ..failures import ArgumentError  # bad usage of --task (exit 2), a ValueError in Python
+
+    raise ArgumentError("task", f"unknown task {name!r}{hint} (known tasks: {', '.join(TASKS)})")

@@ -54,11 +54,23 @@ def check_source_config(config, model_name: str) -> None:
         )
 
 
+def check_task_read(chosen: registry.Method, task) -> None:
+    """Refuse a labelled ``task`` given to a ranking that reads none (it would be ignored silently)."""
+    if task is not None and not chosen.task:
+        raise ArgumentError(
+            "task",
+            f"the {chosen.name!r} ranking reads no labelled task: drop {spell('task')}, or rank with a learned "
+            f"method ({', '.join(registry.LEARNED_METHODS)})",
+        )
+
+
 def preflight_ranking(rank: RankOptions) -> None:
     """Check a ranking request's inputs (method, task, data) before the model loads or calibration runs."""
     if rank.ranking:
         return
-    if registry.check_method(rank.resolved_method, rank.task).task:
+    chosen = registry.check_method(rank.resolved_method, rank.task)
+    check_task_read(chosen, rank.task)
+    if chosen.task:
         from ..tasks import get_task, task_split
 
         task_split(get_task(rank.task), "train", rank.data_dir, rank.max_train_examples)
