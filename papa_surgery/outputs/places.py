@@ -40,7 +40,7 @@ def check_not_cwd(out: Path, argument: str = "out_dir") -> None:
         where = "the folder you are working in" if folder == here else f"a folder holding the one you are in ({here})"
         raise ValueError(
             f"refusing to write into {str(out)!r}: it is {where}, and an output folder is moved into place whole, "
-            f"which would pull it from under you; choose another {out_flag(argument)}, such as a new folder inside it"
+            f"which would pull it from under you; choose another {out_flag(argument)}: a path that does not exist yet"
         )
 
 
