@@ -373,6 +373,11 @@ def test_cli_convert_with_heal_steps_and_heal_a_checkpoint(tiny, tmp_path):
     assert "--heal-steps 4" in recipe["command"]
     # an option given as 0 is used and recorded (0 == False: it was dropped as if not given)
     assert "warm-up over 0 of the steps" in recipe["healing"]["schedule"] and "--heal-warmup 0.0" in recipe["command"]
+    cosines = [f"{recipe['healing'][f'heldout_{t}']['sentence_cosine']:.4f}" for t in ("before", "after")]
+    assert (
+        f"healed: full for 4 steps toward src on text file corpus.txt; held-out sentence cosine {cosines[0]} -> "
+        f"{cosines[1]}" in result.output
+    ), result.output
     # heal an unhealed checkpoint: the teacher must be named (the source was a local folder)
     result = runner.invoke(main, [*convert_args, "--out", str(tmp_path / "b")])
     assert result.exit_code == 0, result.output

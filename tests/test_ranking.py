@@ -223,5 +223,7 @@ def test_a_task_given_to_a_ranking_that_reads_none_is_refused(tiny_folder, tmp_p
         said = " ".join(result.output.split())
         assert result.exit_code == 2 and "'--task'" in said and "reads no labelled task" in said, said
         assert "lambda" in said and not out.exists()
+    result = CliRunner().invoke(main, ["rank", "no-such/model", "--method", "variance", "--task", "sst2", "--out", "r"])
+    assert result.exit_code == 2 and "'--task'" in result.output, result.output  # before the model is looked for
     with pytest.raises(ValueError, match="reads no labelled task: drop task="):
         papa_surgery.rank("variance", constants=Constants.from_kind("identity", 2, 4, 16), task="sst2")

@@ -3,6 +3,8 @@ results file never run or write a cell twice."""
 
 from __future__ import annotations
 
+import json
+import os
 import threading
 
 import pytest
@@ -113,29 +115,55 @@ def test_a_sweep_that_fails_before_its_first_row_leaves_no_results_file(tiny_fol
     assert result.exit_code == 2 and mine.is_file() and mine.stat().st_size == 0
 
 
-def test_a_sweep_waiting_on_one_that_made_nothing_writes_its_rows_to_the_file(tmp_path):
-    """Sweep A made the results file and failed before a row, so it removes the file; sweep B, waiting on A's lock
-    all along, must then write to a file at that path, not into the removed one (its rows would be lost)."""
+def test_a_sweep_waiting_on_one_that_made_nothing_locks_the_file_at_the_path(tmp_path, caplog):
+    """Sweep A made the results file and wrote no row, so it removes the file as it ends; sweep B, waiting all
+    along on the lock of A's file, must then lock the file at the path (or a third sweep would run beside it, the
+    same cells twice), and its rows land there. A file whose rows were written is never removed."""
+    import fcntl
+    import logging
     import threading
     import time
 
-    from papa_surgery.experiments.results import locked
+    from papa_surgery.experiments.results import append_row, locked
 
     path = tmp_path / "r.jsonl"
-    entered, done = threading.Event(), []
+    inside, leave = threading.Event(), threading.Event()
 
     def second():
-        entered.set()
         with locked(path):
-            with open(path, "a", encoding="utf-8") as f:
-                f.write('{"row": "b"}\n')
-        done.append(True)
+            inside.set()
+            leave.wait(10)
+            append_row(path, {"row": "b"})
 
-    with locked(path):
-        thread = threading.Thread(target=second)
-        thread.start()
-        entered.wait()
-        time.sleep(0.3)  # B is waiting on the lock of the file A made
-        assert not done
+    with caplog.at_level(logging.WARNING, logger="papa_surgery"):
+        with locked(path):
+            thread = threading.Thread(target=second)
+            thread.start()
+            for _ in range(100):  # until B is waiting on this lock
+                if any("waiting for it to finish" in r.getMessage() for r in caplog.records):
+                    break
+                time.sleep(0.05)
+            assert any("waiting for it to finish" in r.getMessage() for r in caplog.records)
+    assert inside.wait(10)
+    with open(path, "a") as third:  # B holds the lock of the file at the path: a third sweep would wait
+        with pytest.raises(OSError):
+            fcntl.flock(third.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    leave.set()
     thread.join(10)
-    assert done and path.read_text() == '{"row": "b"}\n'
+    assert json.loads(path.read_text()) == {"row": "b"}
+    moved = tmp_path / "moved.jsonl"  # a file replaced at the path while a sweep wrote: its rows are kept
+    with locked(moved):
+        os.replace(path, moved)
+    assert json.loads(moved.read_text()) == {"row": "b"}
+
+
+def test_a_results_link_to_nothing_is_refused(tmp_path):
+    """Appending through a link to nothing would make a file where it leads, silently (and removing it after a
+    failure removed the user's link)."""
+    from papa_surgery.outputs.overwrite import check_results_file
+
+    link = tmp_path / "r.jsonl"
+    link.symlink_to(tmp_path / "elsewhere.jsonl")
+    with pytest.raises(ValueError, match="symbolic link to .*which does not exist"):
+        check_results_file(link)
+    assert link.is_symlink() and not (tmp_path / "elsewhere.jsonl").exists()

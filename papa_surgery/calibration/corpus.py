@@ -250,14 +250,13 @@ def _from_path_or_spec(src: str, pairs: bool, max_examples, columns) -> Corpus:
     if path.is_dir():
         import datasets
 
-        try:
-            ds = datasets.load_from_disk(str(path))
-        except FileNotFoundError:  # a folder that is no saved dataset: bad usage of the corpus argument
-            raise ArgumentError(
+        if not any((path / name).is_file() for name in ("dataset_info.json", "state.json", "dataset_dict.json")):
+            raise ArgumentError(  # a folder that is no saved dataset (a damaged one gets datasets' own error)
                 "corpus",
                 f"{src!r} is a folder but not a dataset saved with `save_to_disk`; pass a text file (one example per "
                 "line), a .jsonl/.csv/.parquet file, or such a dataset folder",
-            ) from None
+            )
+        ds = datasets.load_from_disk(str(path))
         if isinstance(ds, datasets.DatasetDict):
             split = "train" if "train" in ds else next(iter(ds))
             ds = ds[split]

@@ -79,7 +79,7 @@ def _refuse_calibration_with_constants(ctx, constants_file: str | None) -> None:
         if given(ctx, name):
             flag = "--" + name.replace("_", "-")
             raise click.BadParameter(
-                f"{flag} is not used with --constants (the constants are already calibrated); drop {flag} or "
+                f"not used when --constants is given (the constants are already calibrated); drop {flag} or "
                 "--constants",
                 param_hint=f"'{flag}'",
             )

@@ -82,8 +82,9 @@ def locked(path: str | Path):
     """Hold an exclusive lock on the results file while a sweep reads and appends to it.
 
     A second sweep on the same file waits (and says so), then sees the first one's rows and skips them:
-    no cell is run or written twice. A results file this sweep created and wrote no row to is removed when it
-    ends (a sweep that failed before its first cell leaves nothing behind). (No lock where ``fcntl`` is missing.)
+    no cell is run or written twice. A results file this sweep created is removed when it ends still empty (a sweep
+    that failed before its first row leaves no empty results file; folders it made for it stay).
+    (No lock where ``fcntl`` is missing.)
     """
     try:
         import fcntl
@@ -93,27 +94,45 @@ def locked(path: str | Path):
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     while True:
-        created = not path.exists()
-        handle = open(path, "a", encoding="utf-8")
+        handle, created = _open_results(path)
         try:
             fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
             logger.warning("%s: another sweep is writing to it; waiting for it to finish", path)
             fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
-        try:
-            same = os.stat(path).st_ino == os.fstat(handle.fileno()).st_ino
-        except FileNotFoundError:
-            same = False
-        if same:
+        if _same_file(path, handle):
             break
-        handle.close()  # the sweep it waited for removed the empty file it had made: lock the file that is there now
+        handle.close()  # the sweep it waited for removed the empty file it had made: lock the file there now
     try:
         yield
     finally:
-        if created and os.fstat(handle.fileno()).st_size == 0:
+        if created and _same_file(path, handle) and os.fstat(handle.fileno()).st_size == 0:
             path.unlink(missing_ok=True)  # before the lock goes: a sweep waiting on this file then makes its own
         fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
         handle.close()
+
+
+def _open_results(path: Path):
+    """(handle for appending, whether this call created the file): created only by an exclusive create, so a file
+    that appeared meanwhile (or a link) is never counted as this sweep's."""
+    while True:
+        try:
+            return open(path, "x", encoding="utf-8"), True
+        except FileExistsError:
+            pass
+        try:
+            return open(path, "a", encoding="utf-8"), False
+        except FileNotFoundError:
+            if path.is_symlink():  # "a" follows the link, "x" refuses it: a link to nothing
+                raise ValueError(f"{path} is a symbolic link to {path.resolve()}, which does not exist") from None
+
+
+def _same_file(path: Path, handle) -> bool:
+    """Whether ``path`` (followed, as appends follow it) is still the file ``handle`` has open."""
+    try:
+        return os.stat(path).st_ino == os.fstat(handle.fileno()).st_ino
+    except FileNotFoundError:
+        return False
 
 
 def check_options(rows: list[dict], cell: Cell, options: dict, path) -> None:

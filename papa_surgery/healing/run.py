@@ -205,7 +205,7 @@ def heal_model(
     if before and after and after["sentence_cosine"] < before["sentence_cosine"]:  # too few steps, or other text
         logger.warning(
             "healing moved the model away from its source on the %d held-out examples (sentence cosine %.4f -> %.4f): "
-            "heal for more steps, or on text like the text it will read",
+            "heal for more steps, at a lower learning rate, or on text like the text it will read",
             len(heldout),
             before["sentence_cosine"],
             after["sentence_cosine"],

@@ -344,6 +344,11 @@ def check_results_file(path: str | Path, argument: str = "out_path") -> None:
     """ValueError unless results rows may be appended to ``path``: a new or empty file, or a results file."""
     check_file_path(path, "results (JSONL)", "results.jsonl", argument)
     path = Path(path)
+    if path.is_symlink() and not path.exists():  # appending would make a file where it leads, silently
+        raise ValueError(
+            f"{_out(argument)} {str(path)!r} is a symbolic link to {path.resolve()}, which does not exist; pass the "
+            "results file itself"
+        )
     if path.is_dir():
         raise ValueError(f"{_out(argument)} {str(path)!r} is a folder; pass a file path for the results (JSONL)")
     if not path.is_file() or path.stat().st_size == 0:

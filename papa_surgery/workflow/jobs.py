@@ -32,6 +32,7 @@ from .preflight import (
     check_output_file,
     check_pairs_fit,
     check_source_config,
+    check_task_read,
     preflight_ranking,
     write_output,
 )
@@ -110,6 +111,8 @@ def run_convert(
     ranking = Ranking.load(rank.ranking) if rank.ranking else None
     if rank.ranking and rank.method:
         raise ArgumentError("ranking", f"pass either {spell('ranking')} FILE or {spell('method')}, not both")
+    if rank.method:  # before the model or the corpus is opened
+        check_task_read(registry.method(rank.method), rank.task)
     repo_id = None
     if do_push:
         from ..conversion.hub import resolve_push_target
@@ -354,6 +357,7 @@ def run_rank(
     from ..calibration.constants import Constants
 
     method = registry.check_method(rank.resolved_method, rank.task)
+    check_task_read(method, rank.task)
     out = check_output_file(out, overwrite, "ranking")
     given = Constants.load(constants_file) if constants_file else None
     if given is not None:

@@ -69,7 +69,6 @@ def preflight_ranking(rank: RankOptions) -> None:
     if rank.ranking:
         return
     chosen = registry.check_method(rank.resolved_method, rank.task)
-    check_task_read(chosen, rank.task)
     if chosen.task:
         from ..tasks import get_task, task_split
 
