@@ -171,11 +171,25 @@ def convert(ctx, model, do_push, **kwargs):
     Healing trains on --corpus when it is given, else on the default healing corpus (see heal --help).
     """
     from ..conversion.inspection import describe
+    from ..workflow.jobs import run_convert
 
     _refuse_calibration_with_constants(ctx, kwargs.get("constants"))
     heal = optional_group(HealOptions, kwargs, "heal", "steps")
     with group_errors(HealOptions, "heal", own=(p.name for p in ctx.command.params)):  # --heal-heldout, not --heldout
-        out = _convert(ctx, model, kwargs, do_push, heal)
+        out = run_convert(
+            model,
+            from_kwargs(CalibrationOptions, kwargs),
+            from_kwargs(RankOptions, kwargs),
+            from_kwargs(ConvertOptions, kwargs),
+            from_kwargs(PushOptions, kwargs),
+            from_kwargs(RunOptions, kwargs),
+            do_push=do_push,
+            command=command_line(ctx),
+            progress=progress_of(ctx),
+            distill=from_kwargs(DistillOptions, kwargs),
+            heal=heal,
+            tuning=_tuning(ctx),
+        )
     d = describe(out) if is_main_process() else {}
     click.echo(f"wrote {out} ({d.get('num_constant_heads', '?')} of {d.get('num_heads_total', '?')} heads constant)")
     _say_healed(d)
@@ -188,25 +202,6 @@ def _say_healed(d: dict) -> None:
     line = healing_line(d.get("healing"))
     if line:
         click.echo(f"healed: {line}")
-
-
-def _convert(ctx, model: str, kwargs: dict, do_push: bool, heal):
-    from ..workflow.jobs import run_convert
-
-    return run_convert(
-        model,
-        from_kwargs(CalibrationOptions, kwargs),
-        from_kwargs(RankOptions, kwargs),
-        from_kwargs(ConvertOptions, kwargs),
-        from_kwargs(PushOptions, kwargs),
-        from_kwargs(RunOptions, kwargs),
-        do_push=do_push,
-        command=command_line(ctx),
-        progress=progress_of(ctx),
-        distill=from_kwargs(DistillOptions, kwargs),
-        heal=heal,
-        tuning=_tuning(ctx),
-    )
 
 
 @click.command()

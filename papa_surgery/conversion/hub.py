@@ -29,6 +29,14 @@ def login_hint() -> str:
     )
 
 
+def _refuse_offline() -> None:
+    """RuntimeError when huggingface_hub is in offline mode: nothing can be pushed."""
+    from huggingface_hub import constants
+
+    if constants.is_offline_mode():
+        raise RuntimeError("HF_HUB_OFFLINE is set: unset it (or set HF_HUB_OFFLINE=0) to push to the Hub")
+
+
 IGNORE_PATTERNS = ["__pycache__/*", "**/__pycache__/*", "*.pyc", ".ipynb_checkpoints/*", ".DS_Store"]
 
 
@@ -126,12 +134,11 @@ def resolve_push_target(
         RuntimeError: no token, offline mode, a rejected token, an unreachable Hub, or a namespace the
             token cannot write to.
     """
-    from huggingface_hub import HfApi, constants
+    from huggingface_hub import HfApi
 
     if repo_id:
         check_repo_id(repo_id)
-    if constants.is_offline_mode():  # first: with no network a token would not help
-        raise RuntimeError("HF_HUB_OFFLINE is set: unset it (or set HF_HUB_OFFLINE=0) to push to the Hub")
+    _refuse_offline()  # first: with no network a token would not help
     token = resolve_token(token)
     try:
         who = HfApi(endpoint=endpoint, token=token).whoami()
@@ -241,8 +248,7 @@ def push(
         check_repo_id(repo_id)
     if create_pr and revision not in (None, constants.DEFAULT_REVISION):
         raise ValueError("create_pr opens a pull request against main; do not pass a revision with it")
-    if constants.is_offline_mode():  # first: with no network a token would not help
-        raise RuntimeError("HF_HUB_OFFLINE is set: unset it (or set HF_HUB_OFFLINE=0) to push to the Hub")
+    _refuse_offline()  # first: with no network a token would not help
     token = resolve_token(token)
     if not repo_id:
         repo_id = resolve_push_target(None, folder.resolve().name, token=token, endpoint=endpoint)

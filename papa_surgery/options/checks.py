@@ -275,10 +275,8 @@ def optional_group(cls, kwargs: dict, prefix: str, switch: str):
             name = _prefixed(next(iter(given)), prefix)
             raise ArgumentError(name, f"does nothing without {flag(_prefixed(switch, prefix))}")
         return None
-    try:
+    with group_errors(cls, prefix):  # a field of the group, named as this command spells it (--heal-...)
         return cls(**given)
-    except ArgumentError as err:  # a field of the group, named as this command spells it (--heal-...)
-        raise ArgumentError(_prefixed(err.argument, prefix), err.detail) from None
 
 
 @contextlib.contextmanager

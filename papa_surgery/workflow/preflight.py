@@ -68,8 +68,7 @@ def preflight_ranking(rank: RankOptions) -> None:
     """Check a ranking request's inputs (method, task, data) before the model loads or calibration runs."""
     if rank.ranking:
         return
-    chosen = registry.check_method(rank.resolved_method, rank.task)
-    if chosen.task:
+    if registry.check_method(rank.resolved_method, rank.task).task:
         from ..tasks import get_task, task_split
 
         task_split(get_task(rank.task), "train", rank.data_dir, rank.max_train_examples)
