@@ -13,7 +13,8 @@ import threading
 
 import pytest
 import torch
-from conftest import FAMILY_TYPES, MODERN_TYPES, PAIRS, SENTENCES, Encoder, make_constants, onnx_session
+from conftest import FAMILY_TYPES, MODERN_TYPES, PAIRS, SENTENCES, Encoder, cli, make_constants, onnx_session
+from test_checkpoint import fresh_python
 
 from papa_surgery.calibration.constants import Constants
 from papa_surgery.conversion.checkpoint import save_checkpoint
@@ -352,6 +353,70 @@ def test_sentence_transformers_round_trip_tiny(tiny, model_type, tmp_path):
             assert float((got - expected).abs().max()) <= TOL
         else:
             assert float((got - expected).abs().max()) > 1e-3  # constant heads change the embedding
+
+
+# A module of the source's own code (modules.json names ``scaled_pool.Pooling``), in a file that imports
+# a second one relatively: sentence-transformers loads both from beside modules.json with trust_remote_code=True.
+_SCALED_POOL = """import torch
+from .pool_scale import SCALE
+
+
+class Pooling(torch.nn.Module):  # the name of sentence-transformers' own, not its code
+    def forward(self, features):
+        mask = features["attention_mask"].unsqueeze(-1).to(features["token_embeddings"].dtype)
+        mean = (features["token_embeddings"] * mask).sum(1) / mask.sum(1)
+        features["sentence_embedding"] = SCALE * mean
+        return features
+
+    @staticmethod
+    def load(path):
+        return Pooling()
+"""
+
+
+def test_a_sentence_transformers_module_of_own_code_is_carried_through_convert_and_heal(tiny, tmp_path):
+    folder = _sentence_transformers_folder(tiny, "bert", tmp_path)
+    modules = json.loads((folder / "modules.json").read_text())
+    modules = [modules[0], {**modules[1], "type": "scaled_pool.Pooling"}]  # no Normalize: the scale shows
+    (folder / "modules.json").write_text(json.dumps(modules))
+    (folder / "scaled_pool.py").write_text(_SCALED_POOL)
+    (folder / "pool_scale.py").write_text("SCALE = 3.0\n")
+    (tmp_path / "corpus.txt").write_text("\n".join(SENTENCES * 4) + "\n")
+    common = ["--corpus", tmp_path / "corpus.txt", "--max-length", L, "--batch-size", 8]
+    for fraction, out in (("0", "papa-0"), ("1", "papa-1")):
+        result = cli("convert", folder, "--fraction", fraction, *common, "--out", tmp_path / out)
+        assert result.exit_code == 0, result.output
+    result = cli("heal", tmp_path / "papa-1", "--teacher", folder, "--corpus", tmp_path / "corpus.txt",
+                 "--steps", 2, "--heldout", 4, "--batch-size", 4, "--out", tmp_path / "healed")  # fmt: skip
+    assert result.exit_code == 0, result.output
+    for out in ("papa-0", "papa-1", "healed"):
+        assert {"scaled_pool.py", "pool_scale.py"} <= {p.name for p in (tmp_path / out).iterdir()}, out
+        recipe = json.loads((tmp_path / out / "papa_recipe.json").read_text())
+        assert {"scaled_pool.py", "pool_scale.py"} <= set(recipe["sentence_transformers"]["files"]), out
+    # healing's sentence term reproduces only sentence-transformers' own modules, never runs the source's code
+    assert json.loads((tmp_path / "healed" / "papa_recipe.json").read_text())["healing"]["objective"] == "layers"
+    # --overwrite counts the carried code as the checkpoint's own (not files the user put there)
+    result = cli("convert", folder, "--fraction", "0", *common, "--out", tmp_path / "papa-0", "--overwrite")
+    assert result.exit_code == 0, result.output
+    # in a fresh process, as a user loads them: the source's pipeline, its own module included
+    script = (
+        "import json, sys\n"
+        "from sentence_transformers import SentenceTransformer\n"
+        "texts = json.loads(sys.argv[1])\n"
+        "out = {}\n"
+        "for name in sys.argv[2:]:\n"
+        "    model = SentenceTransformer(name, device='cpu', trust_remote_code=True)\n"
+        "    out[name] = model.encode(texts, convert_to_tensor=True).tolist()\n"
+        "print(json.dumps(out))\n"
+    )
+    names = [str(folder), *(str(tmp_path / out) for out in ("papa-0", "papa-1", "healed"))]
+    done = fresh_python(script, json.dumps(SENTENCES), *names, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    source, papa0, papa1, healed = (torch.tensor(got[name]) for name in names)
+    assert float((papa0 - source).abs().max()) <= TOL  # fraction 0: the source's embedding, scale and all
+    norms = torch.tensor([float(torch.linalg.vector_norm(t)) for t in papa1])
+    assert float((papa1 - source).abs().max()) > 1e-3 and healed.shape == source.shape and bool((norms > 0).all())
 
 
 @pytest.mark.real

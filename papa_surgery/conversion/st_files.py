@@ -4,7 +4,9 @@ A sentence-transformers model folder is a transformers model plus ``modules.json
 module after the encoder (``1_Pooling``, ``2_Normalize``, a ``Dense`` projection...). Without them
 ``SentenceTransformer(checkpoint)`` would rebuild a default pipeline (mean pooling, no normalisation,
 ``max_seq_length`` 512): a different embedding. The encoder module is the checkpoint itself, so only the
-files around it are copied, with ``max_seq_length`` capped at the constants' slot count L.
+files around it are copied, with ``max_seq_length`` capped at the constants' slot count L. A module of the
+source's own code (``modules.json`` naming ``my_pooling.MyPooling``, loaded with ``trust_remote_code=True``) keeps
+its ``.py`` file, and the files it imports relatively, beside it: the checkpoint loads where the source loads.
 """
 
 from __future__ import annotations
@@ -69,7 +71,7 @@ def detect_sentence_transformers(source: str | Path | None, revision: str | None
             snapshot_download(
                 str(source),
                 revision=revision,
-                allow_patterns=[*ST_FILES, "*/config.json", "*/*.json"],
+                allow_patterns=[*ST_FILES, "*/config.json", "*/*.json", "*.py"],  # *.py: custom modules' code
                 local_files_only=bool(offline),
             )
         )
@@ -142,6 +144,9 @@ def copy_sentence_transformers_files(source: str | Path | None, out_dir: str | P
         if sub and (folder / sub).is_dir():
             shutil.copytree(folder / sub, out_dir / sub, dirs_exist_ok=True)
             copied.append(sub)
+    for name in module_code_files(folder):
+        shutil.copy2(folder / name, out_dir / name)
+        copied.append(name)
     config_path = out_dir / "sentence_bert_config.json"
     config = json.loads(config_path.read_text(encoding="utf-8")) if config_path.is_file() else {}
     # sentence-transformers 2-5 keep max_seq_length here; 6 may leave it to the tokenizer's model_max_length.
@@ -151,6 +156,34 @@ def copy_sentence_transformers_files(source: str | Path | None, out_dir: str | P
     if "sentence_bert_config.json" not in copied:
         copied.append("sentence_bert_config.json")
     return detection.record(copied)
+
+
+def module_code_files(folder: str | Path) -> list[str]:
+    """The top-level ``.py`` files of ``folder`` that its ``modules.json``'s own-code modules load: a module type
+    ``file.Class`` (sentence-transformers loads it from ``file.py`` beside ``modules.json``, as transformers'
+    ``get_class_from_dynamic_module`` does) and the files that file imports relatively; sorted names.
+
+    papa-surgery's own model code (``hub_code``) is never among them: a checkpoint's code is written by papa-surgery.
+    """
+    from .. import hub_code
+
+    folder = Path(folder)
+    try:
+        modules = json.loads((folder / "modules.json").read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return []
+    ours = {p.name for p in Path(hub_code.__file__).parent.glob("*.py")}
+    names: set[str] = set()
+    for module in modules if isinstance(modules, list) else []:
+        kind = str(module.get("type") or "") if isinstance(module, dict) else ""
+        if kind.startswith("sentence_transformers.") or kind.count(".") != 1:  # the library's, or an installed package
+            continue
+        entry = folder / f"{kind.split('.')[0]}.py"
+        if entry.is_file():
+            from transformers.dynamic_module_utils import get_relative_import_files  # only for a module of own code
+
+            names |= {entry.name, *(Path(f).name for f in get_relative_import_files(entry) if Path(f).is_file())}
+    return sorted(names - ours)
 
 
 def _tokenizer_max_length(folder: Path) -> int | None:

@@ -184,6 +184,7 @@ def _is_results(data: bytes) -> bool:
 def checkpoint_files(folder: str | Path) -> set[str]:
     """Names of the top-level entries a PAPA checkpoint folder may hold (what papa-surgery writes into it)."""
     from .. import hub_code
+    from ..conversion.st_files import module_code_files
 
     names = set(_CHECKPOINT_FILES) | {p.name for p in Path(hub_code.__file__).parent.glob("*.py")}
     modules = _json_list(Path(folder) / "modules.json")
@@ -191,7 +192,7 @@ def checkpoint_files(folder: str | Path) -> set[str]:
         sub = str(module.get("path") or "") if isinstance(module, dict) else ""
         if sub and "/" not in sub.strip("/") and sub not in (".", ".."):
             names.add(sub.strip("/"))
-    return names
+    return names | set(module_code_files(folder))  # a sentence-transformers module's own code, carried
 
 
 def _json_list(path: Path) -> list:
