@@ -47,15 +47,18 @@ POSITIONAL = {"model", "checkpoint", "directory", "model_or_dir", "analysis"}
 
 # Python arguments that hold a group the command line gives as flags: named by the flag that turns the group on.
 GROUP_SWITCHES = {"heal_options": "heal_steps"}
+# A sweep's fields holding the values of a flag given once per value (``SweepConfig.tasks``: ``--task`` repeated).
+REPEATED_FLAGS = {"tasks": "task"}
 
 
 def flag(name: str) -> str:
     """The command-line flag of argument ``name`` (``max_length`` -> ``--max-length``; a positional argument as
     ``--help`` names it: ``checkpoint`` -> ``CHECKPOINT``; a group by its switch: ``heal_options`` ->
-    ``--heal-steps``)."""
+    ``--heal-steps``; a sweep's repeated flag by its own name: ``tasks`` -> ``--task``)."""
     if name in POSITIONAL:
         return name.upper()
-    return "--" + GROUP_SWITCHES.get(name, name).replace("_", "-")
+    name = GROUP_SWITCHES.get(name, REPEATED_FLAGS.get(name, name))
+    return "--" + name.replace("_", "-")
 
 
 _NO_VALUE = object()

@@ -162,7 +162,7 @@ def test_a_torn_last_line_is_dropped_on_resume(tiny_folder, data_dir, tmp_path):
 @pytest.mark.parametrize(
     "bad, message",
     [
-        (dict(tasks=("sst2", "sst-3")), "unknown task"),
+        (dict(tasks=("sst2", "sst-3")), "^tasks: unknown task"),  # the field it was given in (--task: test_probe_data)
         (dict(kinds=("avg",)), "unknown constant kind"),
         (dict(methods=("variances",)), "unknown ranking method"),
         (dict(fractions=(0.0, 1.5)), "between 0 and 1"),

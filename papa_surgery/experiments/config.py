@@ -115,7 +115,10 @@ class SweepConfig:
         if not _as_tuple(self.tasks):
             raise ArgumentError("tasks", "a sweep needs at least one task")
         for name in _as_tuple(self.tasks):
-            get_task(name)
+            try:
+                get_task(name)
+            except ArgumentError as err:  # the field is tasks (its flag --task, given once per task)
+                raise ArgumentError("tasks", err.detail) from None
         if not _as_tuple(self.fractions):
             raise ArgumentError("fractions", "a sweep needs at least one fraction")
         for f in _as_tuple(self.fractions):
