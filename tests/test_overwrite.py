@@ -182,6 +182,32 @@ def test_a_file_output_ending_with_a_slash_is_refused_as_a_folder(source, tmp_pa
     assert sorted(p.name for p in tmp_path.iterdir()) == ["work"]
 
 
+@pytest.mark.parametrize("command", ["calibrate", "rank"])
+def test_a_file_output_that_is_a_symbolic_link_is_refused_and_kept(source, tmp_path, command):
+    """A link ``--out`` to an earlier output was replaced with ``--overwrite`` by a file of its own (the file it led
+    to kept the old contents): refused, naming where it leads, before anything runs; the link and its file stay."""
+    extra = ["--method", "first-to-last"] if command == "rank" else ["--max-length", "8", "--max-examples", "4"]
+    earlier = tmp_path / "earlier.out"
+    if command == "rank":
+        Ranking("random", ORDER, 2, 4).save(earlier)
+    else:
+        Constants.from_kind("identity", 2, 4, 16).save(earlier)
+    before = earlier.read_bytes()
+    link = tmp_path / "link.out"
+    link.symlink_to(earlier)
+    result = cli(command, source, *extra, "--out", link, "--overwrite")
+    said = " ".join(result.output.split())
+    assert result.exit_code == 1 and f"is a symbolic link (to {earlier.resolve()})" in said, said
+    assert "pass the file it points to" in said and staging_left(tmp_path) == []
+    assert link.is_symlink() and earlier.read_bytes() == before
+    save = Ranking("random", ORDER, 2, 4).save if command == "rank" else Constants.from_kind("uniform", 2, 4, 16).save
+    with pytest.raises(ValueError, match="is a symbolic link"):
+        save(link, overwrite=True)
+    assert link.is_symlink() and earlier.read_bytes() == before
+    result = cli(command, source, *extra, "--out", earlier, "--overwrite")  # the file itself: replaced
+    assert result.exit_code == 0 and earlier.read_bytes() != before, result.output
+
+
 def test_rank_overwrite_refuses_a_results_file(source, tmp_path):
     out = tmp_path / "results.jsonl"
     out.write_text(json.dumps({**ROW, "metric": "accuracy", "score": 0.9}) + "\n")

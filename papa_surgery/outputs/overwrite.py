@@ -328,6 +328,7 @@ def check_file(path: str | Path, overwrite: bool, kind: str, argument: str = "ou
     label = _noun(kind)
     check_file_path(path, label, "constants.safetensors" if kind == "constants" else f"{kind}.json", argument)
     path = Path(path)
+    check_not_link(path, argument, "file")
     if path.is_dir():
         raise ValueError(f"{_out(argument)} {str(path)!r} is a folder; pass a file path for the {label}")
     if not path.exists():

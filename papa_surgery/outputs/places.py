@@ -16,16 +16,16 @@ def out_flag(argument: str) -> str:
     return flag("out") if spell("out") == flag("out") else argument
 
 
-def check_not_link(out: Path, argument: str = "out_dir") -> None:
-    """ValueError when ``out`` is a symbolic link: an output folder is moved into place whole, so it would replace
-    the link itself (an empty folder it points to stays empty), never write where the link points."""
+def check_not_link(out: Path, argument: str = "out_dir", thing: str = "folder") -> None:
+    """ValueError when ``out`` is a symbolic link: an output ``thing`` (a folder, a file) is moved into place whole,
+    so it would replace the link itself (what it points to left as it was), never write where the link points."""
     if not Path(out).is_symlink():
         return
     target = Path(out).resolve()
     where = f"{target}" if target.exists() else f"{target}, which does not exist"
     raise ValueError(
-        f"refusing to write to {str(out)!r}: it is a symbolic link (to {where}), which an output folder would replace "
-        f"rather than write through; pass the folder it points to, or another {out_flag(argument)}"
+        f"refusing to write to {str(out)!r}: it is a symbolic link (to {where}), which an output {thing} would "
+        f"replace rather than write through; pass the {thing} it points to, or another {out_flag(argument)}"
     )
 
 
