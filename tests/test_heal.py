@@ -477,6 +477,13 @@ def test_without_a_corpus_healing_trains_on_the_bundled_ewt_sentences(tiny, tmp_
     assert result.exit_code == 0, result.output
     healing = json.loads((tmp_path / "b" / "papa_recipe.json").read_text())["healing"]
     assert "ud_ewt_train_sentences" in healing["corpus"]
+    # inspect shows the command that healed it beside the one that converted it (one line when they are one command)
+    assert "heal command" not in shown and "--heal-steps 2" in shown, shown
+    shown = " ".join(runner.invoke(main, ["inspect", str(tmp_path / "b")]).output.split())
+    assert "command papa-surgery convert '<local model>'" in shown, shown
+    # recorded as a user retypes it, no local path (the recipe is published): the folder's name, the teacher's Hub id
+    assert "heal command papa-surgery heal a --max-examples 64 --steps 2" in shown, shown
+    assert "--teacher '<local model>'" in healing["command"] and str(tmp_path) not in healing["command"], healing
     help_text = " ".join(runner.invoke(main, ["heal", "--help"]).output.split())
     assert "Default: the texts bundled with papa-surgery, the UD English-EWT training sentences" in help_text
     # a checkpoint of sentence-pair constants: refused before anything loads, naming --corpus

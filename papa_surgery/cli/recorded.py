@@ -12,6 +12,7 @@ import click
 from ..options.checks import is_given
 
 PATH_OPTIONS = ("corpus", "constants", "ranking", "results", "out", "data_dir")
+MODEL_PARAMS = ("model", "model_or_dir", "teacher")  # a Hub id, the embedded model or a local model folder
 LOCAL_MODEL = "<local model>"
 
 
@@ -40,19 +41,20 @@ def _public_model(name: str) -> str:
 def command_line(ctx) -> str:
     """The command as a user would retype it: arguments, then every option that differs from its default.
 
-    Local paths are not recorded: a local MODEL becomes its Hub id (or ``<local model>``), and path options
-    keep only their last component.
+    Local paths are not recorded: a local model (MODEL, ``--teacher``) becomes its Hub id (or ``<local model>``),
+    and other paths (path options, CHECKPOINT and the like) keep only their last component.
     """
     parts = ["papa-surgery", ctx.info_name]
     for param in ctx.command.params:
         value = ctx.params.get(param.name)
-        if isinstance(param, click.Argument):
-            parts.append(_public_model(str(value)) if param.name in ("model", "model_or_dir") else str(value))
+        if isinstance(param, click.Argument):  # a model, or a local folder or file (CHECKPOINT, DIRECTORY...)
+            parts.append(_public_model(str(value)) if param.name in MODEL_PARAMS else _public_path(str(value)))
         elif is_given(value) and value != () and value != param.default:
             flag = max(param.opts, key=len)
             values = value if isinstance(value, tuple) else (value,)
             for v in values:
-                v = _public_path(v) if param.name in PATH_OPTIONS and isinstance(v, str) else v
+                if isinstance(v, str) and param.name in (*PATH_OPTIONS, *MODEL_PARAMS):
+                    v = _public_model(v) if param.name in MODEL_PARAMS else _public_path(v)
                 parts.extend([flag] if v is True else [flag, str(v)])
     return " ".join(shlex.quote(p) for p in parts)
 

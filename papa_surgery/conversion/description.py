@@ -97,6 +97,9 @@ def format_description(d: dict) -> str:
         lines.append("  libraries       " + ", ".join(f"{k} {v}" for k, v in sorted(d["library_versions"].items())))
     if d["command"]:
         lines.append(f"  command         {d['command']}")
+    healed_by = (d.get("healing") or {}).get("command")
+    if healed_by and healed_by != d["command"]:  # healed by its own command (heal), after the one that converted
+        lines.append(f"  heal command    {healed_by}")
     lines.append("  heads (C = constant, . = attention):")
     lines += ["    " + line for line in head_grid_lines(d)]
     lines.append(f"  files ({human_size(d['total_size'])}):")
