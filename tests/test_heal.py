@@ -8,7 +8,7 @@ import json
 
 import pytest
 import torch
-from conftest import SENTENCES
+from conftest import SENTENCES, cli
 from test_checkpoint import fresh_python
 
 from papa_surgery.calibration.constants import Constants
@@ -448,6 +448,26 @@ def test_a_model_with_no_constant_head_is_not_healed(tiny, tmp_path):
     papa, tok = papa_surgery.load(tmp_path / "z")
     with pytest.raises(ValueError, match="no constant head"):
         papa_surgery.heal(papa, tok, CORPUS, teacher=tiny.model("bert"), steps=2)
+
+
+def test_heal_without_out_writes_beside_as_convert_does(tiny, tmp_path, monkeypatch):
+    """``heal`` without ``--out`` writes ``<checkpoint's name>-healed`` in the working folder, as ``convert`` writes
+    ``<model's name>-papa-<fraction>``."""
+    src = tiny.save("bert", tmp_path / "src")
+    (tmp_path / "corpus.txt").write_text("\n".join(CORPUS) + "\n")
+    common = ["--corpus", tmp_path / "corpus.txt", "--batch-size", 8]
+    result = cli("convert", src, "--fraction", 1, "--max-length", L, *common, "--out", tmp_path / "ckpt")
+    assert result.exit_code == 0, result.output
+    heal = ["--teacher", src, *common, "--steps", 2, "--heldout", 8]
+    monkeypatch.chdir(tmp_path)
+    result = cli("heal", "ckpt/", *heal)
+    assert result.exit_code == 0 and "wrote ckpt-healed" in result.output, result.output
+    assert json.loads((tmp_path / "ckpt-healed" / "papa_recipe.json").read_text())["healing"]["steps"] == 2
+    result = cli("heal", "ckpt", *heal)  # it exists now: replaced only with --overwrite, as convert's
+    assert result.exit_code == 1 and "already exists; pass --overwrite" in " ".join(result.output.split())
+    monkeypatch.chdir(tmp_path / "ckpt")  # "." is named by the folder it is (it was "-healed")
+    result = cli("heal", ".", *heal)
+    assert result.exit_code == 0 and (tmp_path / "ckpt" / "ckpt-healed" / "papa_recipe.json").is_file(), result.output
 
 
 def test_without_a_corpus_healing_trains_on_the_bundled_ewt_sentences(tiny, tmp_path):

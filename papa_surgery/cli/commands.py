@@ -204,12 +204,15 @@ def _say_healed(d: dict) -> None:
         click.echo(f"healed: {line}")
 
 
+HEALED_OUT_HELP = "Output folder: the healed checkpoint. Default: <checkpoint-name>-healed in the current folder."
+
+
 @click.command()
 @click.argument("checkpoint")
 @click_options(CalibrationOptions, only=("corpus", "max_examples"), helps={"corpus": HEALING_CORPUS_HELP})
 @click_options(HealOptions)
 @click_options(RunOptions)
-@click.option("--out", required=True, type=click.Path(file_okay=False), help="Output folder: the healed checkpoint.")
+@click.option("--out", type=click.Path(file_okay=False), help=HEALED_OUT_HELP)
 @click.option("--overwrite", is_flag=True, help="Replace an earlier checkpoint papa-surgery wrote there.")
 @verbosity
 @click.pass_context

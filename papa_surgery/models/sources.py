@@ -135,6 +135,19 @@ def source_record(model_name: str, path: str, info: dict) -> dict:
     return {k: v for k, v in info.items() if v is not None}
 
 
+def _own_name(model: str) -> str:
+    """The last part of a model's name: a Hub id's repository, a local folder's own name (``.`` too)."""
+    if model in ("minilm", "embedded"):
+        return EMBEDDED_HUB_ID.split("/")[-1]
+    path = Path(model).expanduser()
+    return (path.resolve() if path.exists() else Path(model.rstrip("/"))).name or "model"
+
+
 def default_out_dir(model: str, fraction: float) -> Path:
-    name = EMBEDDED_HUB_ID.split("/")[-1] if model in ("minilm", "embedded") else Path(model.rstrip("/")).name
-    return Path(f"{name}-papa-{fraction:g}")
+    """``convert``'s folder when ``--out`` is not given: ``<model's name>-papa-<fraction>`` in the working folder."""
+    return Path(f"{_own_name(model)}-papa-{fraction:g}")
+
+
+def default_healed_dir(checkpoint: str) -> Path:
+    """``heal``'s folder when ``--out`` is not given: ``<checkpoint's name>-healed`` in the working folder."""
+    return Path(f"{_own_name(checkpoint)}-healed")

@@ -240,7 +240,7 @@ def run_heal(
     cal: CalibrationOptions,
     heal: HealOptions,
     run: RunOptions,
-    out: str,
+    out: str | None = None,
     *,
     overwrite: bool = False,
     command: str | None = None,
@@ -248,16 +248,17 @@ def run_heal(
 ) -> Path:
     """``papa-surgery heal``: a PAPA checkpoint healed toward its source, written as a new checkpoint.
 
-    A run stopped midway (Ctrl-C, SIGTERM, a crash) writes no checkpoint; its resume state, kept beside ``out``
-    from the last evaluation on, lets the same command go on from there. Returns the checkpoint folder.
+    ``out``: the folder to write (``None``: ``<CHECKPOINT's name>-healed`` in the working folder). A run stopped
+    midway (Ctrl-C, SIGTERM, a crash) writes no checkpoint; its resume state, kept beside ``out`` from the last
+    evaluation on, lets the same command go on from there. Returns the checkpoint folder.
     """
     from ..conversion.checkpoint import check_output_dir, save_checkpoint
     from ..healing.run import teacher_name
     from ..healing.state import HealState, state_path
     from ..models.families import is_papa_config
-    from ..models.sources import load_model, resolve_model
+    from ..models.sources import default_healed_dir, load_model, resolve_model
 
-    out_dir = Path(out)
+    out_dir = Path(out) if out else default_healed_dir(checkpoint)
     check_output_dir(out_dir, overwrite, reading=[resolve_model(checkpoint)])
     path, config, _, _ = _source(checkpoint, run.trust_remote_code)
     if not is_papa_config(config):
