@@ -55,6 +55,80 @@ def test_output_that_appears_during_the_save_is_never_replaced(papa_model, tmp_p
     assert not leftovers(out)
 
 
+def _files(folder: Path) -> dict:
+    return {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("failure", ["interrupt", "rename fails", "appears"])
+def test_a_replacement_that_fails_at_the_last_step_puts_the_previous_output_back(
+    papa_model, tmp_path, monkeypatch, caplog, failure
+):
+    """``--overwrite`` moves the previous output aside, then the new one in. When that last move was interrupted
+    (Ctrl-C) or failed, the previous output stayed under a hidden staging-like name and the target was gone; the next
+    run to the same target then deleted it as a killed run's leftover. Now it goes back (or, when the target was
+    taken meanwhile, beside it under a visible name), and no later run removes it."""
+    from papa_surgery.outputs import staging
+
+    model, tokenizer = papa_model
+    out = save_checkpoint(model, tmp_path / "out", tokenizer=tokenizer)
+    before = _files(out)
+    real = staging.rename_noreplace
+
+    def last_move_fails(src, dst):
+        if Path(dst) == out and Path(src).name.startswith(".out.papa-staging-"):
+            if failure == "interrupt":
+                raise KeyboardInterrupt
+            if failure == "rename fails":
+                raise PermissionError(13, "Permission denied", str(dst))
+            out.mkdir()  # another run (or the user) takes the target between the two moves
+            (out / "notes.txt").write_text("the user's notes")
+        return real(src, dst)
+
+    monkeypatch.setattr(staging, "rename_noreplace", last_move_fails)
+    caplog.set_level(logging.WARNING, logger="papa_surgery")
+    expected = {"interrupt": KeyboardInterrupt, "rename fails": PermissionError, "appears": OutputExistsError}
+    with pytest.raises(expected[failure]):
+        save_checkpoint(model, out, tokenizer=tokenizer, overwrite=True)
+    monkeypatch.setattr(staging, "rename_noreplace", real)
+    if failure == "appears":
+        assert _files(out) == {"notes.txt": b"the user's notes"}
+        previous = [p for p in tmp_path.iterdir() if p.name.startswith("out.papa-previous-")]
+        assert len(previous) == 1 and _files(previous[0]) == before
+        assert any(str(previous[0]) in r.getMessage() for r in caplog.records)
+    else:
+        assert _files(out) == before
+    assert not hidden_siblings(out)
+    if failure != "appears":  # the next run replaces it as asked, and nothing of the user's was lost meanwhile
+        save_checkpoint(model, out, tokenizer=tokenizer, overwrite=True)
+        assert (out / "config.json").is_file() and not hidden_siblings(out)
+
+
+def test_a_result_kept_where_it_was_made_is_not_removed(papa_model, tmp_path, monkeypatch):
+    """When the target changed meanwhile (a file of the user's appeared in it) the result is kept beside it; when
+    that move failed too, the error named the staging folder as where it was kept, which was then removed."""
+    from papa_surgery.outputs import staging
+
+    model, tokenizer = papa_model
+    out = save_checkpoint(model, tmp_path / "out", tokenizer=tokenizer)
+    original, real = type(model).save_pretrained, staging.rename_noreplace
+
+    def save_then_intrude(self, folder, *args, **kwargs):
+        original(self, folder, *args, **kwargs)
+        (out / "notes.txt").write_text("the user's notes")
+
+    def no_visible_name(src, dst):
+        if Path(dst).name.startswith("out.papa-"):
+            raise PermissionError(13, "Permission denied", str(dst))
+        return real(src, dst)
+
+    monkeypatch.setattr(type(model), "save_pretrained", save_then_intrude)
+    monkeypatch.setattr(staging, "rename_noreplace", no_visible_name)
+    with pytest.raises(ValueError, match="changed while this run worked") as info:
+        save_checkpoint(model, out, tokenizer=tokenizer, overwrite=True)
+    kept = info.value.kept
+    assert str(kept) in str(info.value) and (kept / "config.json").is_file() and (out / "notes.txt").is_file()
+
+
 def test_overwrite_replaces_only_a_checkpoint_or_an_empty_folder(papa_model, tmp_path):
     model, tokenizer = papa_model
     project = tmp_path / "project"

@@ -35,6 +35,7 @@ from .signals import signals_raise
 logger = logging.getLogger("papa_surgery")
 
 STAGING_TAG = ".papa-staging-"
+PREVIOUS_TAG = ".papa-previous-"  # an output being replaced, until its replacement is in place
 MARKER = ".papa-staging.json"
 Check = Callable[[Path], None]  # raises ValueError when an existing target may not be replaced
 
@@ -244,13 +245,45 @@ def _keep(staging: Path, target: Path) -> Path:
     return kept
 
 
+class ChangedMeanwhile(ValueError):
+    """The target changed while the run worked and may no longer be replaced; ``kept`` is where the result went."""
+
+    def __init__(self, message: str, kept: Path):
+        self.kept = kept
+        super().__init__(message)
+
+
 def _check_again(staging: Path, target: Path, check: Check) -> None:
     """``check(target)`` before replacing it (it may have changed meanwhile); on a refusal keep the result beside it."""
     try:
         check(target)
     except ValueError as err:
         kept = _keep(staging, target)
-        raise ValueError(f"{err} ({target} changed while this run worked; the result was kept at {kept})") from None
+        raise ChangedMeanwhile(
+            f"{err} ({target} changed while this run worked; the result was kept at {kept})", kept
+        ) from None
+
+
+def _previous_path(target: Path) -> Path:
+    """Where an output being replaced waits until its replacement is in place: hidden, and never taken for a killed
+    run's staging copy (:func:`leftovers`), so nothing removes it but the run that put it there."""
+    return target.parent / f".{target.name}{PREVIOUS_TAG}{os.getpid()}-{secrets.token_hex(4)}"
+
+
+def _put_back(previous: Path, target: Path) -> None:
+    """Return the output that was being replaced to ``target``; where it can't go, keep it beside it, visibly."""
+    if not (previous.exists() or previous.is_symlink()):
+        return
+    try:
+        rename_noreplace(previous, target)
+    except OSError:  # the target is taken (by what appeared meanwhile), or the rename failed: keep it in sight
+        stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+        kept = target.with_name(f"{target.name}.papa-previous-{stamp}-{secrets.token_hex(2)}")
+        try:
+            rename_noreplace(previous, kept)
+        except OSError:
+            kept = previous
+        logger.warning("the previous %s was not replaced and was kept at %s", target, kept)
 
 
 def _commit(staging: Path, target: Path, overwrite: bool, check: Check | None = None, into_empty=False) -> None:
@@ -261,19 +294,23 @@ def _commit(staging: Path, target: Path, overwrite: bool, check: Check | None = 
     if into_empty and empty_folder(target):  # the empty folder the run was given; one that appears meanwhile is kept
         with contextlib.suppress(OSError):  # not empty any more: the no-replace rename below refuses it
             os.rmdir(target)
-    backup = None
-    if overwrite and (target.exists() or target.is_symlink()):
-        backup = _staging_path(target, ".old")
-        os.replace(target, backup)  # ours to replace: the user asked for it
+    previous = None
     try:
+        if overwrite and (target.exists() or target.is_symlink()):
+            previous = _previous_path(target)  # named first: an interrupt right after the move still puts it back
+            os.replace(target, previous)  # ours to replace: the user asked for it
         rename_noreplace(staging, target)
-    except FileExistsError:
+    except FileExistsError:  # the target appeared meanwhile: the result goes beside it, and so does the previous one
         kept = _keep(staging, target)
-        if backup is not None:
-            logger.warning("the previous %s was kept at %s", target, backup)
+        if previous is not None:
+            _put_back(previous, target)
         raise OutputExistsError(target, kept) from None
-    if backup is not None:
-        shutil.rmtree(backup, ignore_errors=True) if backup.is_dir() else backup.unlink(missing_ok=True)
+    except BaseException:  # an interrupt or a failed rename: the previous output goes back where it was
+        if previous is not None:
+            _put_back(previous, target)
+        raise
+    if previous is not None:
+        shutil.rmtree(previous, ignore_errors=True) if previous.is_dir() else previous.unlink(missing_ok=True)
 
 
 @contextlib.contextmanager
@@ -308,8 +345,9 @@ def staged_dir(target: str | Path, overwrite: bool = False, check: Check | None 
             (staging / MARKER).unlink()
             apply_umask(staging)
             _commit(staging, target, overwrite, check, into_empty)
-        except BaseException:
-            shutil.rmtree(staging, ignore_errors=True)
+        except BaseException as err:
+            if getattr(err, "kept", None) != staging:  # a result the error says was kept here stays
+                shutil.rmtree(staging, ignore_errors=True)
             raise
 
 
@@ -334,8 +372,7 @@ def staged_file(target: str | Path, overwrite: bool = True, check: Check | None 
                 os.replace(staging, target)
             else:
                 _commit(staging, target, overwrite=False)
-        except OutputExistsError:
-            raise
-        except BaseException:
-            staging.unlink(missing_ok=True)
+        except BaseException as err:
+            if not isinstance(err, OutputExistsError) and getattr(err, "kept", None) != staging:
+                staging.unlink(missing_ok=True)  # a result the error says was kept here stays
             raise
