@@ -419,6 +419,42 @@ def test_a_sentence_transformers_module_of_own_code_is_carried_through_convert_a
     assert float((papa1 - source).abs().max()) > 1e-3 and healed.shape == source.shape and bool((norms > 0).all())
 
 
+def test_an_encoder_module_kept_in_its_own_folder_becomes_the_checkpoint_and_outside_paths_are_refused(tiny, tmp_path):
+    """Older sentence-transformers models keep the encoder in ``0_Transformer/``: that folder was copied into the
+    checkpoint, so ``SentenceTransformer(checkpoint)`` ran the source's own weights. A module folder outside the model
+    (``../notes``) was copied outside the output folder."""
+    import shutil
+
+    from sentence_transformers import SentenceTransformer
+
+    folder = _sentence_transformers_folder(tiny, "bert", tmp_path)
+    legacy = folder / "0_Transformer"
+    legacy.mkdir()
+    for name in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"):
+        shutil.copy2(folder / name, legacy / name)
+    (folder / "sentence_bert_config.json").rename(legacy / "sentence_bert_config.json")
+    modules = json.loads((folder / "modules.json").read_text())
+    (folder / "modules.json").write_text(json.dumps([{**modules[0], "path": "0_Transformer"}, *modules[1:]]))
+    (tmp_path / "corpus.txt").write_text("\n".join(SENTENCES * 4) + "\n")
+    common = ["--corpus", tmp_path / "corpus.txt", "--batch-size", 8, "--fraction", 1]
+    result = cli("convert", folder, *common, "--out", tmp_path / "papa")  # L: the encoder's max_seq_length, 48
+    assert result.exit_code == 0, result.output
+    out = tmp_path / "papa"
+    assert json.loads((out / "modules.json").read_text())[0]["path"] == "" and not (out / "0_Transformer").exists()
+    model = SentenceTransformer(str(out), device="cpu", trust_remote_code=True)
+    assert type(model[0].auto_model).__name__.startswith("Papa") and model.max_seq_length == 48
+    # a module folder outside the model's: refused before anything is written, the sibling folder untouched
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    (notes / "todo.txt").write_text("finish the paper")
+    outside = {"idx": 3, "name": "3", "path": "../notes", "type": "sentence_transformers.models.Normalize"}
+    (folder / "modules.json").write_text(json.dumps([*modules, outside]))
+    result = cli("convert", folder, *common, "--out", tmp_path / "sub" / "papa")
+    said = " ".join(result.output.split())
+    assert result.exit_code != 0 and "modules.json names the module folder '../notes', outside" in said, said
+    assert [p.name for p in notes.iterdir()] == ["todo.txt"] and not (tmp_path / "sub").exists()
+
+
 @pytest.mark.real
 def test_sentence_transformers_round_trip_minilm(minilm_path, tmp_path):
     st = pytest.importorskip("sentence_transformers")

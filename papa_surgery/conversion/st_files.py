@@ -15,7 +15,7 @@ import json
 import logging
 import shutil
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath, PureWindowsPath
 
 from ..failures import one_line
 
@@ -56,7 +56,7 @@ def detect_sentence_transformers(source: str | Path | None, revision: str | None
         return Detection(None, True, "no source named")
     path = Path(str(source))
     if path.is_dir():
-        found = (path / "modules.json").is_file()
+        found = (path / "modules.json").is_file() and bool(module_entries(path))  # a bad modules.json: refused
         return Detection(path if found else None, True, f"its folder has {'' if found else 'no '}modules.json")
     if str(source).startswith(("/", ".", "~")):
         return Detection(None, True, "not a folder or a Hub id")
@@ -77,7 +77,7 @@ def detect_sentence_transformers(source: str | Path | None, revision: str | None
         )
     except Exception as err:  # not in the cache while offline, gated, not on the Hub: unknown, and said
         return _unknown(source, f"{offline} and its files are not in the cache" if offline else one_line(err)[:200])
-    found = (folder / "modules.json").is_file()
+    found = (folder / "modules.json").is_file() and bool(module_entries(folder))  # a bad modules.json: refused
     if not found and offline and not _known_absent(str(source), revision):
         return _unknown(source, f"{offline} and the cache does not say whether it has modules.json")
     return Detection(folder if found else None, True, f"its Hub repository has {'' if found else 'no '}modules.json")
@@ -114,10 +114,13 @@ def sentence_transformers_folder(source: str | Path | None, revision: str | None
 def sentence_transformers_max_length(source: str | Path | None) -> int | None:
     """The ``max_seq_length`` a sentence-transformers source truncates at (``None``: not such a model, or unset)."""
     folder = sentence_transformers_folder(source)
-    path = None if folder is None else folder / "sentence_bert_config.json"
-    if path is None or not path.is_file():
+    if folder is None:
         return None
-    value = json.loads(path.read_text(encoding="utf-8")).get("max_seq_length")
+    encoder = module_entries(folder)[0].get("path") or ""  # older models keep the encoder's config in its folder
+    config = _json_object(folder / "sentence_bert_config.json") or _json_object(
+        folder / encoder / "sentence_bert_config.json"
+    )
+    value = config.get("max_seq_length")
     return int(value) if isinstance(value, int) and value > 0 else None
 
 
@@ -133,13 +136,17 @@ def copy_sentence_transformers_files(source: str | Path | None, out_dir: str | P
     if folder is None:
         return detection.record([])
     out_dir = Path(out_dir)
-    copied = []
-    modules = json.loads((folder / "modules.json").read_text(encoding="utf-8"))
-    for name in ST_FILES:
+    encoder, *others = module_entries(folder)
+    # The checkpoint is the encoder module: at its root, whatever folder the source kept it in (older models kept
+    # it in 0_Transformer/, whose copy would load the source's own weights in place of the converted model).
+    modules = [{**encoder, "path": ""}, *others]
+    (out_dir / "modules.json").write_text(json.dumps(modules, indent=2) + "\n", encoding="utf-8")
+    copied = ["modules.json"]
+    for name in ST_FILES[1:]:
         if (folder / name).is_file():
             shutil.copy2(folder / name, out_dir / name)
             copied.append(name)
-    for module in modules:
+    for module in others:
         sub = module.get("path") or ""
         if sub and (folder / sub).is_dir():
             shutil.copytree(folder / sub, out_dir / sub, dirs_exist_ok=True)
@@ -148,7 +155,7 @@ def copy_sentence_transformers_files(source: str | Path | None, out_dir: str | P
         shutil.copy2(folder / name, out_dir / name)
         copied.append(name)
     config_path = out_dir / "sentence_bert_config.json"
-    config = json.loads(config_path.read_text(encoding="utf-8")) if config_path.is_file() else {}
+    config = _json_object(config_path) or _json_object(folder / (encoder.get("path") or "") / config_path.name)
     # sentence-transformers 2-5 keep max_seq_length here; 6 may leave it to the tokenizer's model_max_length.
     source_length = config.get("max_seq_length") or _tokenizer_max_length(folder) or max_length
     config["max_seq_length"] = min(int(source_length), int(max_length))
@@ -156,6 +163,39 @@ def copy_sentence_transformers_files(source: str | Path | None, out_dir: str | P
     if "sentence_bert_config.json" not in copied:
         copied.append("sentence_bert_config.json")
     return detection.record(copied)
+
+
+def module_entries(folder: str | Path) -> list[dict]:
+    """The modules of ``folder``'s ``modules.json`` in their order (the encoder first), each module's folder checked
+    to lie inside ``folder``; ``ValueError`` naming the file and what to fix otherwise (sentence-transformers
+    refuses such a model too)."""
+    path = Path(folder) / "modules.json"
+    try:
+        modules = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ValueError(f"{path} cannot be read ({one_line(err)}); fix or remove it") from None
+    if not modules or not isinstance(modules, list) or not all(isinstance(m, dict) for m in modules):
+        raise ValueError(f"{path} is not a list of modules; fix or remove it")
+    for module in modules:
+        sub = str(module.get("path") or "")
+        if (
+            sub.startswith(("/", "\\"))
+            or PureWindowsPath(sub).drive
+            or ".." in PurePosixPath(sub.replace("\\", "/")).parts
+        ):
+            raise ValueError(
+                f"{path} names the module folder {sub!r}, outside the model's folder (sentence-transformers refuses "
+                "it too); make it a folder inside the model's, e.g. 1_Pooling"
+            )
+    try:
+        return sorted(modules, key=lambda m: int(m.get("idx", 0)))
+    except (TypeError, ValueError):
+        raise ValueError(f"{path} has a module whose idx is not a number; fix it") from None
+
+
+def _json_object(path: Path) -> dict:
+    """The JSON object in ``path`` (``{}``: no such file)."""
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
 
 
 def module_code_files(folder: str | Path) -> list[str]:
