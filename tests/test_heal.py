@@ -246,6 +246,33 @@ def test_a_stopped_run_resumes_to_the_uninterrupted_result(source, tmp_path, mon
     assert other.papa_recipe["healing"]["resumed_from_step"] is None
 
 
+def test_state_path_refuses_a_file_that_is_not_a_state_and_keeps_its_own_at_the_end(source, tmp_path):
+    """``papa_surgery.heal(state_path=...)`` removed whatever the path held (a user's file named by mistake: warned
+    "starting afresh", then deleted), and removed its own state before the caller could save the healed model."""
+    from safetensors.torch import save_file
+
+    import papa_surgery
+
+    model, tok, constants = source
+    papa = convert(model, constants, HEADS, tokenizer=tok)
+    mine = tmp_path / "my_embeddings.safetensors"
+    save_file({"e": torch.ones(3)}, str(mine))
+    notes = tmp_path / "notes.txt"
+    notes.write_text("finish the paper")
+    for path in (mine, notes, tmp_path):
+        before = None if path.is_dir() else path.read_bytes()
+        with pytest.raises(ValueError, match="state_path: .* is (a file that is not a healing run's state|a folder)"):
+            papa_surgery.heal(papa, tok, CORPUS, teacher=model, progress=False, batch_size=8, state_path=path, **QUICK)
+        assert path.is_dir() if before is None else path.read_bytes() == before
+    state = tmp_path / "run.safetensors"
+    options = dict(teacher=model, progress=False, batch_size=8, state_path=state, **{**QUICK, "eval_every": 4})
+    first = papa_surgery.heal(papa, tok, CORPUS, **options)
+    assert state.is_file()  # kept: the caller has not saved the healed model yet
+    again = papa_surgery.heal(papa, tok, CORPUS, **options)  # its own state: taken, and the same result
+    assert again.papa_recipe["healing"]["resumed_from_step"] is not None
+    assert all(torch.equal(v, w) for v, w in zip(first.state_dict().values(), again.state_dict().values(), strict=True))
+
+
 LOADER = """
 import sys
 sys.modules["papa_surgery"] = None  # the healed checkpoint needs neither papa-surgery

@@ -45,7 +45,9 @@ def heal(
             the held-out examples (``heldout``) measure the agreement before, during and after.
         teacher: the source model (a model, a Hub id or a folder; default: the source the model's recipe names).
         batch_size, seed, max_examples, device, progress: how the run goes (examples per step, data order).
-        state_path: a resume file: a run stopped midway resumes from its last evaluation when called again.
+        state_path: a resume file: a run stopped midway resumes from its last evaluation when called again. It is
+            kept when the run ends (a crash before the healed model is saved loses nothing); remove it once it is.
+            A file there that is not a healing run's state is refused.
         **options: :class:`papa_surgery.options.HealOptions` (``steps``, ``train``, ``lr``, ``constants_lr``,
             ``freeze_constants``, ``objective``, ``embedding_weight``, ``warmup``, ``heldout``, ``eval_every``,
             ``lora_rank``). ``freeze_constants=True`` (lora, full) keeps the constants as stored: a checkpoint
@@ -87,9 +89,4 @@ def heal(
 
         teacher, _ = load(teacher_name(model, teacher), device=device)
     flow = _workflow(teacher, tokenizer, getattr(model.config, "papa_source_model", None), run, progress)
-    healed = flow.heal(model, corpus, heal_options, max_examples=max_examples, state_path=state_path)
-    if state_path is not None:
-        from .state import HealState
-
-        HealState(state_path, "").remove()
-    return healed
+    return flow.heal(model, corpus, heal_options, max_examples=max_examples, state_path=state_path)

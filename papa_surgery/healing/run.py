@@ -150,6 +150,8 @@ def heal_model(
 
     options = options or HealOptions()
     check_teacher(papa, teacher)
+    if state_path:
+        HealState.check_path(state_path)  # before any work: a file there that is not a healing state is refused
     config = papa.config
     if not config.papa_constant_heads:  # the student is its teacher: training could only move it away
         raise ValueError(

@@ -60,6 +60,32 @@ class HealState:
         with staged_file(self.path, overwrite=True) as tmp:
             save_file(tensors, str(tmp), metadata={"papa_heal_state": json.dumps(meta, default=float)})
 
+    @staticmethod
+    def is_state(path: str | Path) -> bool:
+        """Whether ``path`` is a healing run's state file (a safetensors file with its metadata)."""
+        from safetensors import safe_open
+
+        try:
+            with safe_open(str(path), framework="pt") as f:
+                return "papa_heal_state" in (f.metadata() or {})
+        except Exception:  # not a file, not safetensors: not a state
+            return False
+
+    @staticmethod
+    def check_path(path: str | Path) -> None:
+        """ValueError unless ``path`` is free for a state: nothing there yet, or a healing run's state (which is
+        replaced at every evaluation, so nothing else may be)."""
+        from ..failures import ArgumentError
+
+        path = Path(path)
+        if (path.exists() or path.is_symlink()) and not HealState.is_state(path):
+            what = "a folder" if path.is_dir() else "a file that is not a healing run's state"
+            raise ArgumentError(
+                "state_path",
+                f"{str(path)!r} is {what}; a state is replaced at every evaluation, so pass a path of its own (one "
+                "that does not exist yet, or an earlier run's state)",
+            )
+
     def restore(self, trainable, optimizer, scheduler, history: dict) -> bool:
         """Load the saved state into the run if it is this run's; whether it was."""
         from safetensors import safe_open
@@ -98,5 +124,5 @@ class HealState:
     def remove(self) -> None:
         from ..distributed import is_main_process
 
-        if is_main_process():
+        if is_main_process() and self.is_state(self.path):  # never a file the run did not write
             self.path.unlink(missing_ok=True)
