@@ -220,6 +220,30 @@ def test_incomplete_or_foreign_folder_is_rejected_before_any_request(checkpoint,
     assert fake_hub.requests == []
 
 
+def test_files_the_user_put_in_a_checkpoint_are_never_published(checkpoint, fake_hub, tmp_path):
+    """A push uploaded the whole folder: a ``.env`` with a token, notes, data. Refused before any request, naming
+    them; git's and huggingface_hub's bookkeeping and caches are passed over, and the push then goes through."""
+    folder, _, _ = checkpoint
+    mine = tmp_path / "mine"
+    shutil.copytree(folder, mine)
+    (mine / ".env").write_text("HF_TOKEN=hf_secret\n")
+    (mine / "private").mkdir()
+    (mine / "private" / "notes.txt").write_text("reviews")
+    with pytest.raises(ValueError, match=r"did not write: \.env, private/; a push uploads the whole folder"):
+        hub.push(mine, "user/mine", token=TOKEN, endpoint=fake_hub.endpoint)
+    assert fake_hub.requests == [] and (mine / ".env").is_file()
+    (mine / ".env").unlink()
+    shutil.rmtree(mine / "private")
+    for bookkeeping in (".git", ".cache/huggingface", "__pycache__"):
+        (mine / bookkeeping).mkdir(parents=True)
+        (mine / bookkeeping / "x").write_text("local")
+    (mine / ".gitattributes").write_text("*.safetensors filter=lfs diff=lfs merge=lfs -text\n")
+    hub.push(mine, "user/mine", token=TOKEN, endpoint=fake_hub.endpoint)
+    remote = set(fake_hub.files("user/mine"))
+    assert {"config.json", "model.safetensors", ".gitattributes"} <= remote
+    assert not {name for name in remote if name.startswith((".git/", ".cache/", "__pycache__/"))}
+
+
 def test_name_clash_is_a_clear_error(checkpoint, fake_hub):
     folder, _, _ = checkpoint
     fake_hub.add_repo("other/taken", owner="other")

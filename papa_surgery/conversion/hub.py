@@ -37,7 +37,10 @@ def _refuse_offline() -> None:
         raise RuntimeError("HF_HUB_OFFLINE is set: unset it (or set HF_HUB_OFFLINE=0) to push to the Hub")
 
 
-IGNORE_PATTERNS = ["__pycache__/*", "**/__pycache__/*", "*.pyc", ".ipynb_checkpoints/*", ".DS_Store"]
+IGNORE_PATTERNS = ["__pycache__/*", "**/__pycache__/*", "*.pyc", ".ipynb_checkpoints/*", ".DS_Store", ".cache/*"]
+# Entries a checkpoint folder may hold that papa-surgery did not write and a push passes over (not uploaded: git's
+# and huggingface_hub's local bookkeeping, caches) or uploads harmlessly (.gitattributes, as the Hub keeps it).
+NOT_PUBLISHED = {".git/", ".cache/", "__pycache__/", ".ipynb_checkpoints/", ".DS_Store", ".gitattributes"}
 
 
 def _operations(staging: Path) -> list:
@@ -86,6 +89,15 @@ def validate_checkpoint(checkpoint_dir) -> dict:
     if missing:
         fix = " (write the model card with papa_surgery.conversion.card.write_card)" if missing == ["README.md"] else ""
         raise ValueError(f"{folder} is not a complete PAPA checkpoint: missing {', '.join(missing)}{fix}")
+    from ..outputs.overwrite import foreign_entries
+
+    foreign = [name for name in foreign_entries(folder) if name not in NOT_PUBLISHED]
+    if foreign:  # a push publishes the whole folder: notes, keys, data of the user's would go public
+        shown = ", ".join(foreign[:8]) + (f" and {len(foreign) - 8} more" if len(foreign) > 8 else "")
+        raise ValueError(
+            f"{folder} holds files papa-surgery did not write: {shown}; a push uploads the whole folder, so move them "
+            "out first (or upload them yourself with huggingface_hub, if they are meant to be public)"
+        )
     if d["constant_heads"] and not d["constants"]:  # fraction 0 (no constants at all) is valid
         raise ValueError(f"{folder}/model.safetensors has no *papa_constants tensors although heads are constant")
     return d
