@@ -150,6 +150,21 @@ def test_fraction_half_uses_the_ranking(tiny_folder, data_dir, tmp_path):
     assert saved == ["constants", "ranking", "ranking"]  # calibrated once, ranked once per method
 
 
+def test_a_torn_line_alone_is_repaired_only_when_it_starts_as_a_row(tiny_folder, data_dir, tmp_path):
+    """A one-line file of any torn JSON was taken for a results file killed mid-write, and the repair cut it to
+    nothing: a user's notes were emptied. Only a line that starts as a row is written is a sweep's own."""
+    cfg = config(tiny_folder("bert"), data_dir, fractions=(0.0,), seeds=1)
+    notes = tmp_path / "notes.jsonl"
+    notes.write_text('{"todo": "finish the paper", "notes": "chapter 3')
+    with pytest.raises(ValueError, match="it is not a results file papa-surgery wrote"):
+        run_sweep(cfg, notes, progress=False)
+    assert notes.read_text() == '{"todo": "finish the paper", "notes": "chapter 3'
+    out = tmp_path / "r.jsonl"
+    out.write_text('{"model": "x", "task": "ss')  # a sweep killed while writing its first row
+    rows = run_sweep(cfg, out, progress=False)
+    assert len(rows) == 1 and len(out.read_text().splitlines()) == 1
+
+
 def test_a_torn_last_line_is_dropped_on_resume(tiny_folder, data_dir, tmp_path):
     out = tmp_path / "r.jsonl"
     cfg = config(tiny_folder("bert"), data_dir, fractions=(0.0,), seeds=1)

@@ -34,6 +34,7 @@ from .places import out_flag as _out
 # The fields every results row has: the cell it scored (papa_surgery.experiments.results builds its resume key,
 # KEY_FIELDS, from these and the corpus, which older rows lack).
 RESULT_FIELDS = ("model", "task", "fraction", "kind", "method", "seed")
+ROW_START = b'{"model": '  # how a results row begins as written (json.dumps of a Cell's fields first)
 
 LABELS = {
     "checkpoint": "a PAPA checkpoint",
@@ -165,14 +166,15 @@ def _safetensors_format(path: Path) -> str | None:
 
 def _is_results(data: bytes) -> bool:
     """JSON lines of results rows: every line an object, at least one a row; a torn last line (a sweep killed
-    mid-write) is one of ours when it starts like a row."""
+    mid-write) is one of ours when it starts as a row is written (its first field, the model), since a sweep
+    repairs the file by cutting it off: a torn line of any other JSON, even alone in its file, is not ours."""
     lines = [line for line in data.split(b"\n") if line.strip()]
     rows = 0
     for i, line in enumerate(lines):
         try:
             row = json.loads(line.decode("utf-8"))
         except (UnicodeDecodeError, json.JSONDecodeError):
-            if i == len(lines) - 1 and line.lstrip().startswith(b'{"'):
+            if i == len(lines) - 1 and line.startswith(ROW_START):
                 return rows > 0 or len(lines) == 1
             return False
         if not isinstance(row, dict):
