@@ -150,6 +150,29 @@ def test_fraction_half_uses_the_ranking(tiny_folder, data_dir, tmp_path):
     assert saved == ["constants", "ranking", "ranking"]  # calibrated once, ranked once per method
 
 
+def test_two_corpora_of_one_name_or_one_edited_are_calibrated_apart(tiny_folder, data_dir, tmp_path):
+    """Constants were cached by the corpus's description, which names a file by its name alone: two ``train.txt``
+    of two folders shared the first one's constants, and a file edited since reused the old ones."""
+    corpora = []
+    for folder, text in (("a", "the cat sat on the mat"), ("b", "stocks fell sharply in early trading")):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "train.txt").write_text("\n".join(f"{text} {i}" for i in range(24)) + "\n")
+        corpora.append(str(tmp_path / folder / "train.txt"))
+    out = tmp_path / "r.jsonl"
+    cfg = config(tiny_folder("bert"), data_dir, fractions=(1.0,), seeds=1, corpus=tuple(corpora))
+    rows = run_sweep(cfg, out, progress=False)
+
+    def constants_made():
+        return sorted(p.name for p in (tmp_path / "r.artifacts").iterdir() if p.name.startswith("constants"))
+
+    assert len(rows) == 2 and len(constants_made()) == 2  # one per file
+    before = constants_made()
+    (tmp_path / "a" / "train.txt").write_text("\n".join(f"a different text, line {i}" for i in range(24)) + "\n")
+    run_sweep(config(tiny_folder("bert"), data_dir, fractions=(1.0, 0.5), seeds=1, corpus=corpora[0]), out,
+              progress=False)  # fmt: skip
+    assert len(constants_made()) == 3 and set(before) < set(constants_made())  # the edited file: calibrated again
+
+
 def test_a_torn_line_alone_is_repaired_only_when_it_starts_as_a_row(tiny_folder, data_dir, tmp_path):
     """A one-line file of any torn JSON was taken for a results file killed mid-write, and the repair cut it to
     nothing: a user's notes were emptied. Only a line that starts as a row is written is a sweep's own."""

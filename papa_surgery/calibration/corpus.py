@@ -7,7 +7,9 @@ that never holds the whole corpus in memory unless it was given as a list.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import itertools
+import json
 import logging
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -38,6 +40,10 @@ class Corpus:
     description: str
     max_examples: int | None = None
     length: int | None = None
+    # Which examples these are, where the description names only a file's name or a list's size (two train.txt in
+    # two folders; a file edited since): a file's resolved path, size and modification time, a dataset's
+    # fingerprint, a list's content hash. ``None``: the description says it all (a Hub spec).
+    identity: str | None = None
 
     def __iter__(self) -> Iterator[str | tuple[str, str]]:
         examples = _iterate(self.source, self.pairs)
@@ -135,7 +141,7 @@ def _columns(column_names: Iterable[str], pairs: bool, columns: Iterable[str] | 
     raise ValueError(f"corpus needs {want}; its columns are {names}: name them with columns=")
 
 
-def _from_dataset(ds, pairs: bool, columns, description: str, max_examples) -> Corpus:
+def _from_dataset(ds, pairs: bool, columns, description: str, max_examples, identity: str | None = None) -> Corpus:
     cols = _columns(ds.column_names or [], pairs, columns)
 
     class _Rows:
@@ -144,7 +150,14 @@ def _from_dataset(ds, pairs: bool, columns, description: str, max_examples) -> C
                 yield tuple(row[c] for c in cols) if pairs else row[cols[0]]
 
     length = len(ds) if hasattr(ds, "__len__") else None
-    return Corpus(_Rows(), pairs, f"{description} [{', '.join(cols)}]", max_examples, length)
+    identity = identity or getattr(ds, "_fingerprint", None) or f"object {id(ds)}"  # no fingerprint: this object
+    return Corpus(_Rows(), pairs, f"{description} [{', '.join(cols)}]", max_examples, length, identity)
+
+
+def _file_identity(path: Path) -> str:
+    """A file's (or a folder's) resolved path, size and modification time: another file, or this one edited, differs."""
+    stat = path.stat()
+    return f"{path.resolve()} {stat.st_size} {stat.st_mtime_ns}"
 
 
 def load_corpus(src, pairs: bool = False, max_examples: int | None = None, columns=None) -> Corpus:
@@ -171,7 +184,8 @@ def load_corpus(src, pairs: bool = False, max_examples: int | None = None, colum
         corpus = _documents(src[len(DOCUMENTS) :], pairs, max_examples, columns)
     elif isinstance(src, (list, tuple)):
         _check_examples(src, pairs)
-        corpus = Corpus(list(src), pairs, f"in-memory list of {len(src)} examples", max_examples, len(src))
+        digest = hashlib.sha256(json.dumps(list(src)).encode()).hexdigest()[:32]
+        corpus = Corpus(list(src), pairs, f"in-memory list of {len(src)} examples", max_examples, len(src), digest)
     elif hasattr(src, "column_names") and hasattr(src, "__iter__"):
         corpus = _from_dataset(src, pairs, columns, f"datasets object ({type(src).__name__})", max_examples)
     elif isinstance(src, (str, Path)):
@@ -213,7 +227,8 @@ def _documents(inner: str, pairs: bool, max_examples, columns) -> Corpus:
     if pairs:
         raise ValueError(f"{DOCUMENTS}... makes single documents; drop {spell('pairs', True)}")
     lines = load_corpus(inner or default_corpus_path(), columns=columns)
-    return Corpus(_Articles(lines), False, f"documents of {lines.description}", max_examples, None)
+    identity = f"documents of {lines.identity}" if lines.identity else None
+    return Corpus(_Articles(lines), False, f"documents of {lines.description}", max_examples, None, identity)
 
 
 def _check_examples(examples, pairs: bool) -> None:
@@ -260,14 +275,14 @@ def _from_path_or_spec(src: str, pairs: bool, max_examples, columns) -> Corpus:
         if isinstance(ds, datasets.DatasetDict):
             split = "train" if "train" in ds else next(iter(ds))
             ds = ds[split]
-        return _from_dataset(ds, pairs, columns, f"local dataset {path.name}", max_examples)
+        return _from_dataset(ds, pairs, columns, f"local dataset {path.name}", max_examples)  # its fingerprint
     if path.is_file():
         if path.suffix in DATA_FILE_TYPES:
             import datasets
 
             ds = datasets.load_dataset(DATA_FILE_TYPES[path.suffix], data_files=str(path), split="train")
-            return _from_dataset(ds, pairs, columns, f"file {path.name}", max_examples)
-        return Corpus(path, pairs, f"text file {path.name}", max_examples, None)
+            return _from_dataset(ds, pairs, columns, f"file {path.name}", max_examples, _file_identity(path))
+        return Corpus(path, pairs, f"text file {path.name}", max_examples, None, _file_identity(path))
     parts = src.split(":")
     if len(parts) in (3, 4) and "/" not in parts[-1]:
         return _from_hub_spec(parts, pairs, max_examples)

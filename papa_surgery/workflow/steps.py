@@ -53,8 +53,9 @@ class Cache:
 
 
 def corpus_key(corpus: Corpus) -> tuple:
-    """What identifies a corpus's examples across runs (its description, pairs and cap)."""
-    return (corpus.description, corpus.pairs, corpus.max_examples)
+    """What identifies a corpus's examples across runs: its description, which examples they are (two files of one
+    name, or one edited since, differ: :attr:`Corpus.identity`), pairs and cap."""
+    return (corpus.description, corpus.identity, corpus.pairs, corpus.max_examples)
 
 
 class Workflow:
