@@ -238,8 +238,12 @@ def test_files_the_user_put_in_a_checkpoint_are_never_published(checkpoint, fake
         (mine / bookkeeping).mkdir(parents=True)
         (mine / bookkeeping / "x").write_text("local")
     (mine / ".gitattributes").write_text("*.safetensors filter=lfs diff=lfs merge=lfs -text\n")
+    # a code file of an older papa-surgery, which its model code imports, is the checkpoint's own
+    (mine / "modeling_papa.py").write_text((mine / "modeling_papa.py").read_text() + "\nfrom .old_helper import X\n")
+    (mine / "old_helper.py").write_text("X = 1\n")
     hub.push(mine, "user/mine", token=TOKEN, endpoint=fake_hub.endpoint)
     remote = set(fake_hub.files("user/mine"))
+    assert "old_helper.py" in remote
     assert {"config.json", "model.safetensors", ".gitattributes"} <= remote
     assert not {name for name in remote if name.startswith((".git/", ".cache/", "__pycache__/"))}
 

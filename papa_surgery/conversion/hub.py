@@ -91,7 +91,7 @@ def validate_checkpoint(checkpoint_dir) -> dict:
         raise ValueError(f"{folder} is not a complete PAPA checkpoint: missing {', '.join(missing)}{fix}")
     from ..outputs.overwrite import foreign_entries
 
-    foreign = [name for name in foreign_entries(folder) if name not in NOT_PUBLISHED]
+    foreign = [name for name in foreign_entries(folder) if name not in NOT_PUBLISHED and name not in wanted]
     if foreign:  # a push publishes the whole folder: notes, keys, data of the user's would go public
         shown = ", ".join(foreign[:8]) + (f" and {len(foreign) - 8} more" if len(foreign) > 8 else "")
         raise ValueError(
