@@ -234,10 +234,11 @@ def clean_leftovers(target: str | Path) -> list[Path]:
     return removed
 
 
-def _keep(staging: Path, target: Path) -> Path:
-    """Move a finished staging copy that may not go to ``target`` beside it, under a visible name; where it went."""
+def _keep(staging: Path, target: Path, tag: str = "papa") -> Path:
+    """Move ``staging`` (a finished copy that may not go to ``target``, or the output it was to replace: ``tag``
+    ``papa-previous``) beside ``target`` under a visible name; where it is now (where it was, if it can't move)."""
     stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-    kept = target.with_name(f"{target.name}.papa-{stamp}-{secrets.token_hex(2)}")
+    kept = target.with_name(f"{target.name}.{tag}-{stamp}-{secrets.token_hex(2)}")
     try:
         rename_noreplace(staging, kept)
     except OSError:
@@ -277,12 +278,7 @@ def _put_back(previous: Path, target: Path) -> None:
     try:
         rename_noreplace(previous, target)
     except OSError:  # the target is taken (by what appeared meanwhile), or the rename failed: keep it in sight
-        stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-        kept = target.with_name(f"{target.name}.papa-previous-{stamp}-{secrets.token_hex(2)}")
-        try:
-            rename_noreplace(previous, kept)
-        except OSError:
-            kept = previous
+        kept = _keep(previous, target, "papa-previous")
         logger.warning("the previous %s was not replaced and was kept at %s", target, kept)
 
 
