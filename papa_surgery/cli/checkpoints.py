@@ -27,7 +27,11 @@ def inspect_(directory):
 @click_options(PushOptions)
 @verbosity
 def push(directory, **kwargs):
-    """Publish a checkpoint folder to the Hugging Face Hub in one commit."""
+    """Publish a checkpoint folder to the Hugging Face Hub in one commit.
+
+    Only a folder that holds what papa-surgery wrote is pushed: one with other files (notes, keys, data) is refused,
+    naming them, since the whole folder would be public.
+    """
     from ..conversion.hub import push as hub_push
 
     opts = from_kwargs(PushOptions, kwargs)  # without --repo-id: <the token's namespace>/<folder name>
