@@ -163,3 +163,22 @@ def test_a_missing_or_empty_corpus_is_bad_usage_of_corpus_naming_the_fix(source,
     said = " ".join(result.output.split())
     assert result.exit_code == 2 and "'--corpus'" in said and "not a dataset saved with `save_to_disk`" in said, said
     assert calibrations.calls == 0 and sorted(p.name for p in tmp_path.iterdir()) == ["blank.txt", "texts"]
+
+
+def test_a_corpus_is_known_by_its_text_not_by_where_or_when_it_was_opened(tmp_path, monkeypatch):
+    """The cache key of a corpus (``Corpus.key``): a streamed Hub dataset has no fingerprint, and keying it by the
+    object made every opening a new corpus (a sweep calibrated again for every cell); a file is known by its content,
+    the same on every process and machine, and two files of one name with other text differ."""
+    import datasets
+
+    rows = {"text": ["the cat sat", "a dog ran"]}
+    monkeypatch.setattr(
+        datasets, "load_dataset", lambda *a, **k: datasets.Dataset.from_dict(rows).to_iterable_dataset()
+    )
+    assert len({load_corpus("someone/text:train:text").key() for _ in range(3)}) == 1
+    for folder, text in (("a", "the cat sat\n"), ("b", "the cat sat\n"), ("c", "stocks fell\n")):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "train.txt").write_text(text)
+    a, b, c = (load_corpus(tmp_path / f / "train.txt") for f in "abc")
+    assert a.key() == b.key() != c.key() and a.description == c.description
+    assert load_corpus(["x", "y"]).key() != load_corpus(["x", "z"]).key()

@@ -479,7 +479,7 @@ def test_a_model_with_no_constant_head_is_not_healed(tiny, tmp_path):
 
 def test_heal_without_out_writes_beside_as_convert_does(tiny, tmp_path, monkeypatch):
     """``heal`` without ``--out`` writes ``<checkpoint's name>-healed`` in the working folder, as ``convert`` writes
-    ``<model's name>-papa-<fraction>``."""
+    ``<model's name>-papa-<fraction>``; from inside the checkpoint, beside it (never into what it reads)."""
     src = tiny.save("bert", tmp_path / "src")
     (tmp_path / "corpus.txt").write_text("\n".join(CORPUS) + "\n")
     common = ["--corpus", tmp_path / "corpus.txt", "--batch-size", 8]
@@ -492,9 +492,11 @@ def test_heal_without_out_writes_beside_as_convert_does(tiny, tmp_path, monkeypa
     assert json.loads((tmp_path / "ckpt-healed" / "papa_recipe.json").read_text())["healing"]["steps"] == 2
     result = cli("heal", "ckpt", *heal)  # it exists now: replaced only with --overwrite, as convert's
     assert result.exit_code == 1 and "already exists; pass --overwrite" in " ".join(result.output.split())
-    monkeypatch.chdir(tmp_path / "ckpt")  # "." is named by the folder it is (it was "-healed")
-    result = cli("heal", ".", *heal)
-    assert result.exit_code == 0 and (tmp_path / "ckpt" / "ckpt-healed" / "papa_recipe.json").is_file(), result.output
+    monkeypatch.chdir(tmp_path / "ckpt")  # from inside it: "." named by its folder, written beside it, not into it
+    inside = sorted(p.name for p in (tmp_path / "ckpt").iterdir())
+    result = cli("heal", ".", *heal, "--overwrite")
+    assert result.exit_code == 0 and f"wrote {tmp_path / 'ckpt-healed'}" in result.output, result.output
+    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == inside
 
 
 def test_without_a_corpus_healing_trains_on_the_bundled_ewt_sentences(tiny, tmp_path):

@@ -234,6 +234,14 @@ def test_files_the_user_put_in_a_checkpoint_are_never_published(checkpoint, fake
     assert fake_hub.requests == [] and (mine / ".env").is_file()
     (mine / ".env").unlink()
     shutil.rmtree(mine / "private")
+    (mine / "1_Pooling").mkdir()  # a module folder the checkpoint names, with a hidden file of the user's in it
+    modules = [{"idx": 0, "name": "0", "path": "", "type": "x.T"}, {"idx": 1, "name": "1", "path": "1_Pooling"}]
+    (mine / "modules.json").write_text(json.dumps(modules))
+    (mine / "1_Pooling" / ".env").write_text("HF_TOKEN=hf_secret\n")
+    with pytest.raises(ValueError, match=r"did not write: 1_Pooling/\.env;"):
+        hub.push(mine, "user/mine", token=TOKEN, endpoint=fake_hub.endpoint)
+    shutil.rmtree(mine / "1_Pooling")
+    (mine / "modules.json").unlink()
     for bookkeeping in (".git", ".cache/huggingface", "__pycache__"):
         (mine / bookkeeping).mkdir(parents=True)
         (mine / bookkeeping / "x").write_text("local")

@@ -373,3 +373,17 @@ def test_an_out_that_is_a_symbolic_link_is_refused_naming_it(source, checkpoint,
     result = cli("convert", source, *FAST_CONVERT, "--out", relative)
     said = " ".join(result.output.split())
     assert result.exit_code == 1 and f"(to {tmp_path / 'gone'}, which does not exist)" in said, said
+
+
+def test_the_default_out_is_named_as_the_model_was_and_never_lies_in_it(source, tmp_path, monkeypatch):
+    """Without --out: a symbolic link to a model names the folder by itself (not by where it leads), and from inside
+    the model's folder (``convert .``) the folder goes beside it, not into the model being read."""
+    (tmp_path / "mybert").symlink_to(source, target_is_directory=True)
+    monkeypatch.chdir(tmp_path)
+    result = cli("convert", "mybert", *FAST_CONVERT)
+    assert result.exit_code == 0 and (tmp_path / "mybert-papa-0.5" / "config.json").is_file(), result.output
+    before = snapshot(source)
+    monkeypatch.chdir(source)
+    result = cli("convert", ".", *FAST_CONVERT)
+    assert result.exit_code == 0 and (source.parent / "bert-src-papa-0.5" / "config.json").is_file(), result.output
+    assert snapshot(source) == before

@@ -103,6 +103,28 @@ def test_a_replacement_that_fails_at_the_last_step_puts_the_previous_output_back
         assert (out / "config.json").is_file() and not hidden_siblings(out)
 
 
+def test_an_output_a_killed_run_moved_aside_is_put_back_by_the_next_run(papa_model, tmp_path, caplog):
+    """A run killed (SIGKILL) after moving the output it replaces aside, before its result moved in, left the target
+    missing and the old output hidden, which no later run looked at: the next run to that target puts it back
+    (and, as asked, replaces it with --overwrite); one whose replacement is in place is removed."""
+    model, tokenizer = papa_model
+    out = save_checkpoint(model, tmp_path / "out", tokenizer=tokenizer)
+    before = _files(out)
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead = int(gone.stdout)
+    aside = tmp_path / f".out.papa-previous-{dead}-abcd1234"
+    out.rename(aside)
+    caplog.set_level(logging.WARNING, logger="papa_surgery")
+    with pytest.raises(FileExistsError, match="already exists"):  # put back first, so it is not replaced unasked
+        save_checkpoint(model, out, tokenizer=tokenizer)
+    assert _files(out) == before and not aside.exists()
+    assert any("put" in r.getMessage() and str(dead) in r.getMessage() for r in caplog.records)
+    aside.mkdir()  # a replaced output left beside the result that replaced it: removed
+    (aside / "config.json").write_text("{}")
+    save_checkpoint(model, out, tokenizer=tokenizer, overwrite=True)
+    assert not aside.exists() and (out / "config.json").is_file() and not hidden_siblings(out)
+
+
 def test_a_result_kept_where_it_was_made_is_not_removed(papa_model, tmp_path, monkeypatch):
     """When the target changed meanwhile (a file of the user's appeared in it) the result is kept beside it; when
     that move failed too, the error named the staging folder as where it was kept, which was then removed."""

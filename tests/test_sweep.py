@@ -159,13 +159,14 @@ def test_two_corpora_of_one_name_or_one_edited_are_calibrated_apart(tiny_folder,
         (tmp_path / folder / "train.txt").write_text("\n".join(f"{text} {i}" for i in range(24)) + "\n")
         corpora.append(str(tmp_path / folder / "train.txt"))
     out = tmp_path / "r.jsonl"
-    cfg = config(tiny_folder("bert"), data_dir, fractions=(1.0,), seeds=1, corpus=tuple(corpora))
+    cfg = config(tiny_folder("bert"), data_dir, fractions=(0.5,), seeds=1, corpus=tuple(corpora))
     rows = run_sweep(cfg, out, progress=False)
 
-    def constants_made():
-        return sorted(p.name for p in (tmp_path / "r.artifacts").iterdir() if p.name.startswith("constants"))
+    def constants_made(what="constants"):
+        return sorted(p.name for p in (tmp_path / "r.artifacts").iterdir() if p.name.startswith(what))
 
     assert len(rows) == 2 and len(constants_made()) == 2  # one per file
+    assert len(constants_made("ranking")) == 2  # variance reads each file's own constants
     before = constants_made()
     (tmp_path / "a" / "train.txt").write_text("\n".join(f"a different text, line {i}" for i in range(24)) + "\n")
     run_sweep(config(tiny_folder("bert"), data_dir, fractions=(1.0, 0.5), seeds=1, corpus=corpora[0]), out,
@@ -183,9 +184,14 @@ def test_a_torn_line_alone_is_repaired_only_when_it_starts_as_a_row(tiny_folder,
         run_sweep(cfg, notes, progress=False)
     assert notes.read_text() == '{"todo": "finish the paper", "notes": "chapter 3'
     out = tmp_path / "r.jsonl"
-    out.write_text('{"model": "x", "task": "ss')  # a sweep killed while writing its first row
-    rows = run_sweep(cfg, out, progress=False)
-    assert len(rows) == 1 and len(out.read_text().splitlines()) == 1
+    for torn in ('{"model": "x", "task": "ss', '{"mo'):  # a sweep killed while writing its first row
+        out.write_text(torn)
+        rows = run_sweep(cfg, out, progress=False)
+        assert len(rows) == 1 and len(out.read_text().splitlines()) == 1
+    row = out.read_text()
+    for cut in (3, 6, 9, 40):  # after a row, its next row torn anywhere, even in its first field
+        out.write_text(row + row[:cut])
+        assert run_sweep(cfg, out, progress=False) == rows and out.read_text() == row
 
 
 def test_a_torn_last_line_is_dropped_on_resume(tiny_folder, data_dir, tmp_path):

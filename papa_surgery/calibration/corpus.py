@@ -41,9 +41,14 @@ class Corpus:
     max_examples: int | None = None
     length: int | None = None
     # Which examples these are, where the description names only a file's name or a list's size (two train.txt in
-    # two folders; a file edited since): a file's resolved path, size and modification time, a dataset's
-    # fingerprint, a list's content hash. ``None``: the description says it all (a Hub spec).
+    # two folders; a file edited since): a hash of a file's or a list's content, a dataset's fingerprint. The same
+    # on every process and machine that reads the same text. ``None``: the description says all that is known (a
+    # Hub spec, a streamed dataset).
     identity: str | None = None
+
+    def key(self) -> tuple:
+        """What identifies these examples across runs and processes: description, identity, pairs and cap."""
+        return (self.description, self.identity, self.pairs, self.max_examples)
 
     def __iter__(self) -> Iterator[str | tuple[str, str]]:
         examples = _iterate(self.source, self.pairs)
@@ -150,14 +155,25 @@ def _from_dataset(ds, pairs: bool, columns, description: str, max_examples, iden
                 yield tuple(row[c] for c in cols) if pairs else row[cols[0]]
 
     length = len(ds) if hasattr(ds, "__len__") else None
-    identity = identity or getattr(ds, "_fingerprint", None) or f"object {id(ds)}"  # no fingerprint: this object
+    identity = identity or getattr(ds, "_fingerprint", None)  # a streamed dataset has none: its description
     return Corpus(_Rows(), pairs, f"{description} [{', '.join(cols)}]", max_examples, length, identity)
 
 
 def _file_identity(path: Path) -> str:
-    """A file's (or a folder's) resolved path, size and modification time: another file, or this one edited, differs."""
+    """A hash of a file's content (the same wherever it is copied; remembered per path, size and modification time,
+    so a sweep opening it for every cell reads it once)."""
     stat = path.stat()
-    return f"{path.resolve()} {stat.st_size} {stat.st_mtime_ns}"
+    seen = (str(path.resolve()), stat.st_size, stat.st_mtime_ns)
+    if seen not in _HASHED:
+        digest = hashlib.sha256()
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                digest.update(block)
+        _HASHED[seen] = f"sha256 {digest.hexdigest()[:32]}"
+    return _HASHED[seen]
+
+
+_HASHED: dict[tuple, str] = {}
 
 
 def load_corpus(src, pairs: bool = False, max_examples: int | None = None, columns=None) -> Corpus:

@@ -81,7 +81,10 @@ class ConstantsBase(Compatibility):
         """What identifies these constants across runs and process counts: how they were made, not when."""
         meta, layout = self.metadata, self.layout
         held = (self.storage,) if layout is None else (self.storage, layout.band, layout.rank)  # variances differ
-        return (self.kind, self.max_length, self.pairs, meta.get("corpus"), meta.get("examples"), *held)
+        made_from = (meta.get("corpus"), meta.get("examples"))
+        if meta.get("corpus_identity"):  # which text, beyond its name (constants made before it have none)
+            made_from += (meta["corpus_identity"],)
+        return (self.kind, self.max_length, self.pairs, *made_from, *held)
 
     # -- what a conversion reads --------------------------------------------------------------------------------
     def conversion_layout(self, storage: str, trainable: bool, band=None, rank=None):

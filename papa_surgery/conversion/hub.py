@@ -92,6 +92,12 @@ def validate_checkpoint(checkpoint_dir) -> dict:
     from ..outputs.overwrite import foreign_entries
 
     foreign = [name for name in foreign_entries(folder) if name not in NOT_PUBLISHED and name not in wanted]
+    skipped = {name.rstrip("/") for name in NOT_PUBLISHED}
+    foreign += sorted(  # hidden files inside the module folders (1_Pooling/.env): never what papa-surgery copies
+        rel.as_posix()
+        for rel in (p.relative_to(folder) for p in folder.rglob(".*"))
+        if len(rel.parts) > 1 and rel.parts[0] not in skipped and rel.name != ".DS_Store"
+    )
     if foreign:  # a push publishes the whole folder: notes, keys, data of the user's would go public
         shown = ", ".join(foreign[:8]) + (f" and {len(foreign) - 8} more" if len(foreign) > 8 else "")
         raise ValueError(

@@ -183,7 +183,7 @@ def heal_model(
         trainable.model.to(device)
         held = HeldOut(teacher, tokenizer, heldout, max_length, pairs, objective, batch_size)
         before = held.measure(papa)
-        key = run_key(_fingerprint(papa), teacher_name, corpus.description, len(examples), options, settings,
+        key = run_key(_fingerprint(papa), teacher_name, corpus.key(), len(examples), options, settings,
                       world_size())  # fmt: skip
         state = HealState(state_path, key) if state_path else None
         history = train(

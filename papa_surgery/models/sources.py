@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -135,19 +136,24 @@ def source_record(model_name: str, path: str, info: dict) -> dict:
     return {k: v for k, v in info.items() if v is not None}
 
 
-def _own_name(model: str) -> str:
-    """The last part of a model's name: a Hub id's repository, a local folder's own name (``.`` too)."""
+def _beside(model: str, suffix: str) -> Path:
+    """``<model's own name><suffix>`` in the working folder: a Hub id's repository name, a local folder's name as
+    given (``.`` and ``..`` named by the folder they are, a link by its own name). From inside the local folder it
+    goes beside that folder instead, never into the model being read."""
     if model in ("minilm", "embedded"):
-        return EMBEDDED_HUB_ID.split("/")[-1]
-    path = Path(model).expanduser()
-    return (path.resolve() if path.exists() else Path(model.rstrip("/"))).name or "model"
+        return Path(EMBEDDED_HUB_ID.split("/")[-1] + suffix)
+    path = Path(os.path.abspath(Path(model).expanduser()))  # not resolved: a symbolic link keeps its own name
+    if not path.is_dir():
+        return Path((model.rstrip("/").split("/")[-1] or "model") + suffix)
+    here = Path(os.path.abspath(Path.cwd()))
+    return path.parent / f"{path.name}{suffix}" if path == here or path in here.parents else Path(path.name + suffix)
 
 
 def default_out_dir(model: str, fraction: float) -> Path:
-    """``convert``'s folder when ``--out`` is not given: ``<model's name>-papa-<fraction>`` in the working folder."""
-    return Path(f"{_own_name(model)}-papa-{fraction:g}")
+    """``convert``'s folder when ``--out`` is not given: ``<model's name>-papa-<fraction>`` (:func:`_beside`)."""
+    return _beside(model, f"-papa-{fraction:g}")
 
 
 def default_healed_dir(checkpoint: str) -> Path:
-    """``heal``'s folder when ``--out`` is not given: ``<checkpoint's name>-healed`` in the working folder."""
-    return Path(f"{_own_name(checkpoint)}-healed")
+    """``heal``'s folder when ``--out`` is not given: ``<checkpoint's name>-healed`` (:func:`_beside`)."""
+    return _beside(checkpoint, "-healed")

@@ -166,16 +166,18 @@ def _safetensors_format(path: Path) -> str | None:
 
 def _is_results(data: bytes) -> bool:
     """JSON lines of results rows: every line an object, at least one a row; a torn last line (a sweep killed
-    mid-write) is one of ours when it starts as a row is written (its first field, the model), since a sweep
-    repairs the file by cutting it off: a torn line of any other JSON, even alone in its file, is not ours."""
+    mid-write) is one of ours after rows, or alone when it begins as a row is written (its first field, the model):
+    a sweep repairs the file by cutting that line off, so a torn line of other JSON alone in its file is not ours."""
     lines = [line for line in data.split(b"\n") if line.strip()]
     rows = 0
     for i, line in enumerate(lines):
         try:
             row = json.loads(line.decode("utf-8"))
         except (UnicodeDecodeError, json.JSONDecodeError):
-            if i == len(lines) - 1 and line.startswith(ROW_START):
-                return rows > 0 or len(lines) == 1
+            if i == len(lines) - 1 and rows > 0 and line.startswith(b'{"'):
+                return True  # after rows of ours, a torn row cut anywhere
+            if len(lines) == 1 and (line.startswith(ROW_START) or ROW_START.startswith(line)):
+                return True  # alone: only what begins as a row is written (cut in its first field, or later)
             return False
         if not isinstance(row, dict):
             return False

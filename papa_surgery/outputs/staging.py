@@ -234,6 +234,29 @@ def clean_leftovers(target: str | Path) -> list[Path]:
     return removed
 
 
+def _put_back_orphans(target: Path) -> None:
+    """An output a killed run had moved aside to replace it (``.<name>.papa-previous-<pid>-...``, its writer gone):
+    back to ``target`` when nothing took its place (the run died before its result moved in), else removed (the
+    result it was replaced by is there, as the user asked). Each said in a warning."""
+    if not target.parent.is_dir():
+        return
+    prefix = f".{target.name}{PREVIOUS_TAG}"
+    for path in sorted(p for p in target.parent.iterdir() if p.name.startswith(prefix)):
+        try:
+            pid = int(path.name[len(prefix) :].split("-", 1)[0])
+        except ValueError:
+            continue
+        if pid == os.getpid() or _alive(pid):
+            continue
+        if not (target.exists() or target.is_symlink()):
+            with contextlib.suppress(OSError):
+                rename_noreplace(path, target)
+                logger.warning("put %s back: an interrupted papa-surgery run (pid %d) had moved it aside", target, pid)
+                continue
+        shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
+        logger.warning("removed %s, the output an interrupted papa-surgery run (pid %d) replaced", path, pid)
+
+
 def _keep(staging: Path, target: Path, tag: str = "papa") -> Path:
     """Move ``staging`` (a finished copy that may not go to ``target``, or the output it was to replace: ``tag``
     ``papa-previous``) beside ``target`` under a visible name; where it is now (where it was, if it can't move)."""
@@ -305,8 +328,10 @@ def _commit(staging: Path, target: Path, overwrite: bool, check: Check | None = 
         if previous is not None:
             _put_back(previous, target)
         raise
-    if previous is not None:
-        shutil.rmtree(previous, ignore_errors=True) if previous.is_dir() else previous.unlink(missing_ok=True)
+    if previous is not None:  # under a staging copy's name first: a delete cut short is a leftover the next run clears
+        done = _staging_path(target, ".old")
+        os.replace(previous, done)
+        shutil.rmtree(done, ignore_errors=True) if done.is_dir() else done.unlink(missing_ok=True)
 
 
 @contextlib.contextmanager
@@ -327,6 +352,7 @@ def staged_dir(target: str | Path, overwrite: bool = False, check: Check | None 
         target = target.resolve()
     if target.is_dir():
         check_not_cwd(target)
+    _put_back_orphans(target)  # before anything looks at the target: it may be one a killed run had moved aside
     into_empty = empty_folder(target)
     if (target.exists() or target.is_symlink()) and not overwrite and not into_empty:
         raise FileExistsError(f"{target} already exists; pass {spell('overwrite', True)} to replace it")

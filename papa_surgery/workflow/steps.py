@@ -55,7 +55,7 @@ class Cache:
 def corpus_key(corpus: Corpus) -> tuple:
     """What identifies a corpus's examples across runs: its description, which examples they are (two files of one
     name, or one edited since, differ: :attr:`Corpus.identity`), pairs and cap."""
-    return (corpus.description, corpus.identity, corpus.pairs, corpus.max_examples)
+    return corpus.key()
 
 
 class Workflow:
