@@ -131,6 +131,22 @@ def short_rows(dense: torch.Tensor, rebuilt: torch.Tensor) -> torch.Tensor:
     return (real & (given > 0) & (kept < MASS_KEPT * given)).any(1)  # (Hc, n, q) -> (Hc, q)
 
 
+def drop_cancelling_residuals(parts: dict, layout: CompactLayout) -> int:
+    """In place: the rows of constants calibrated into ``layout`` (parts ``(layers, heads, ...)``) whose residual
+    cancels more than half of their own positive mass on some single input's slots lose their residual, as
+    :func:`compact_parts` drops it for fitted ones (no dense matrices here: the row is judged against its own
+    non-negative cells). Their sum there could reach 0 or below, and renormalising blew the row up (NaN for some
+    input lengths). One head at a time, so a long L costs one head's (L, L). The number of rows it dropped."""
+    u, dropped = parts["papa_constants_u"], 0
+    for layer in range(u.shape[0]):
+        for head in range(u.shape[1]):
+            rebuilt = rebuild({name: t[layer, head : head + 1] for name, t in parts.items()}, layout)  # (1, L, L)
+            short = short_rows(rebuilt, rebuilt)[0]  # (L,)
+            u[layer, head, short] = 0.0
+            dropped += int(short.sum())
+    return dropped
+
+
 def compacted(values: torch.Tensor, layout: CompactLayout, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """(Hc, L, L) what a compact checkpoint computes with for ``values``: ``rebuild(compact_parts(values))``."""
     return rebuild(compact_parts(values, layout, dtype), layout)

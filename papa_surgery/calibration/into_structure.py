@@ -37,6 +37,7 @@ from ..hub_code.slots import compute_slots
 from ..hub_code.structured_constants import StructuredSlots
 from ..models.families import get_family, num_heads_layers
 from .capture import capturing
+from .compaction import drop_cancelling_residuals
 from .encoding import encode, model_inputs
 from .layouts import scan_layouts
 from .passes import borrow, pass_metadata, process_batches
@@ -110,6 +111,7 @@ def calibrate_structured(model, tokenizer, corpus, layout: CompactLayout, pairs:
             _run(model, tokenizer, corpus, layout, pairs, batch_size, device, progress, "residual", projection, **run)
             u, v = residual_factors(acc, parts, q, projection.reduce(), fill)
             parts |= {"papa_constants_u": u, "papa_constants_v": v}
+            drop_cancelling_residuals(parts, layout)  # before the variance pass: it measures what is stored
         parts = {name: t.float() for name, t in parts.items()}
         deviation = None
         if variance and not layout.rank:  # every cell's constant is a mean the sums already hold: no pass
