@@ -208,7 +208,7 @@ def rank(
 def convert(
     model: nn.Module,
     constants: Constants | StructuredConstants | str | Path,
-    ranking: Ranking | str | Path,
+    ranking: Ranking | str | Path | None,
     fraction: float,
     *,
     tokenizer: Any = None,
@@ -224,7 +224,8 @@ def convert(
     Args:
         model: a source model of a supported family, with any head (deep-copied, never changed).
         constants: its ``Constants`` or ``StructuredConstants`` (or a constants file).
-        ranking: a ``Ranking`` (or a ranking file ``*.json``, or a label-free method name such as ``"variance"``).
+        ranking: a ``Ranking`` (or a ranking file ``*.json``, or a label-free method name such as ``"variance"``);
+            ``None`` at fraction 0 or 1, which make no head or every head constant whatever the order.
         fraction: the share of heads made constant, from 0 (the source) to 1 (attention-free); the heads are
             ``ranking.select(fraction)``.
         tokenizer: the source tokenizer (its separator id lets the model find a pair's middle); saved by
@@ -253,23 +254,31 @@ def convert(
                              trainable_constants=trainable_constants)  # fmt: skip
     constants = _constants(constants)
     flow = _workflow(model, tokenizer, source_name)
-    if isinstance(ranking, (str, Path)) and (str(ranking).endswith(".json") or Path(ranking).exists()):
+    heads = None
+    if ranking is None and options.fraction in (0.0, 1.0):  # no head or every head, whatever the order: none needed
+        layers, per_layer = flow.shape
+        heads = [[layer, h] for layer in range(layers) for h in range(per_layer)] if options.fraction else []
+    elif isinstance(ranking, (str, Path)) and (str(ranking).endswith(".json") or Path(ranking).exists()):
         ranking = Ranking.load(ranking)
     elif isinstance(ranking, str):
         ranking = flow.ranking(ranking, constants=constants)
     elif not isinstance(ranking, Ranking):
         raise ArgumentTypeError(
             "ranking",
-            f"must be a Ranking, a ranking file (.json) or a method name such as 'variance', got {_what(ranking)}",
+            f"must be a Ranking, a ranking file (.json) or a method name such as 'variance', got {_what(ranking)} "
+            "(None only at fraction 0 or 1, where the order does not matter)",
         )
-    return flow.convert(
+    papa = flow.convert(
         constants,
         ranking,
         options.fraction,
+        heads=heads,
         dtype=options.dtype,
         **options.storage_kwargs(),
         trainable_constants=options.trainable_constants,
     )
+    papa.papa_tokenizer = tokenizer  # what save writes when given none (not saved: the checkpoint's tokenizer is)
+    return papa
 
 
 def save(
@@ -284,23 +293,59 @@ def save(
     """Write a standalone checkpoint folder of a PAPA model: weights, config, model code, tokenizer,
     ``papa_recipe.json`` (the provenance :func:`convert` recorded) and a model card; all or nothing.
 
+    Without ``tokenizer``, the one :func:`convert` was given is saved, else the tokenizer of the folder or Hub id the
+    model was loaded from, with a sentence-transformers source's pipeline files; when there is none, pass one.
+
     ``AutoModel.from_pretrained(out_dir, trust_remote_code=True)`` loads it without papa-surgery installed.
     A new path or an empty folder is written; ``overwrite=True`` replaces only an earlier PAPA checkpoint, never
     the model being read, another folder, or a checkpoint holding files papa-surgery did not write.
 
     Raises:
         ValueError: ``out_dir`` exists (pass ``overwrite=True``), cannot be replaced (the error says why and
-            names the files that are not papa-surgery's), or ``model`` is not a PAPA model.
+            names the files that are not papa-surgery's), ``model`` is not a PAPA model, or no tokenizer was given
+            and the model's cannot be loaded.
         OutputExistsError: a folder appeared at ``out_dir`` while this ran (another run, the user): it is left
             as it was, and the finished result is kept beside it, at the path the error names.
     """
     from .conversion.checkpoint import save_checkpoint
 
     _tokenizer(tokenizer, required=False)
+    _model(model)
+    if tokenizer is None:  # without one the folder holds none, and AutoTokenizer makes an empty one from its config
+        tokenizer = getattr(model, "papa_tokenizer", None) or _tokenizer_of(model)
     recipe = getattr(model, "papa_recipe", None)
     return save_checkpoint(
         model, out_dir, tokenizer=tokenizer, recipe=recipe, overwrite=overwrite, card=card, results=results
     )
+
+
+# A folder's files that hold a tokenizer's vocabulary (one is enough; a config alone makes an empty tokenizer).
+TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "vocab.json", "spiece.model", "spm.model", "tokenizer.model",
+                   "sentencepiece.model", "sentencepiece.bpe.model")  # fmt: skip
+
+
+def _tokenizer_of(model: nn.Module):
+    """The tokenizer of the folder or Hub id ``model`` was loaded from (its source's, for a converted model), or an
+    ``ArgumentError`` asking for one. No code runs: a tokenizer of custom code must be passed."""
+    from transformers import AutoTokenizer
+
+    from .failures import one_line
+    from .models.sources import resolve_model
+
+    name = getattr(model.config, "_name_or_path", None)
+    name = str(resolve_model(name)) if name and name != "None" else None  # a converted model's says "None"
+    try:
+        if not name:
+            raise ValueError("the model does not say where it was loaded from")
+        if Path(name).is_dir() and not any((Path(name) / f).is_file() for f in TOKENIZER_FILES):
+            raise ValueError(f"{name} holds no tokenizer files")  # AutoTokenizer would make an empty vocabulary
+        return AutoTokenizer.from_pretrained(name)
+    except Exception as err:
+        raise ArgumentError(
+            "tokenizer",
+            f"none given, and the tokenizer of {name or 'the model'} could not be loaded ({one_line(err)[:200]}); "
+            "pass the source's tokenizer (tokenizer=...): a checkpoint without one loads no tokenizer that works",
+        ) from None
 
 
 def probe(model: nn.Module, tokenizer: Any, task: str, **options: Any) -> dict:

@@ -223,3 +223,27 @@ def test_save_writes_into_an_existing_empty_folder(tiny, tmp_path):
     assert papa_surgery.save(papa, empty, tokenizer=tok) == empty
     loaded = AutoModel.from_pretrained(empty, trust_remote_code=True)
     assert loaded.config.papa_constant_heads == papa.config.papa_constant_heads
+
+
+def test_save_without_a_tokenizer_saves_the_models_own_or_refuses(tiny, tmp_path):
+    """``papa_surgery.save(model, out)`` wrote no tokenizer, and ``AutoTokenizer`` then made an empty vocabulary
+    from the config in silence (``'hello world'`` -> ``[2, 1, 1, 3]``). It saves the tokenizer of the folder the
+    model was loaded from; with none to find it refuses, naming ``tokenizer``, and writes nothing."""
+    from transformers import AutoTokenizer
+
+    source = tiny.save("bert", tmp_path / "src")
+    model, tok = papa_surgery.load(source)
+    constants = papa_surgery.Constants.from_kind("identity", 2, 4, 32)
+    papa = papa_surgery.convert(model, constants, None, fraction=1, tokenizer=tok)  # fraction 1: no ranking needed
+    assert papa.config.papa_constant_heads == [[layer, h] for layer in range(2) for h in range(4)]
+    out = papa_surgery.save(papa, tmp_path / "out")
+    text = "the cat sat on the mat"
+    assert AutoTokenizer.from_pretrained(out)(text)["input_ids"] == tok(text)["input_ids"]
+    again = papa_surgery.save(papa_surgery.load(out)[0], tmp_path / "again")  # a checkpoint's own tokenizer
+    assert AutoTokenizer.from_pretrained(again)(text)["input_ids"] == tok(text)["input_ids"]
+    papa.papa_tokenizer, papa.config._name_or_path = None, str(tmp_path / "gone")  # nothing to find
+    with pytest.raises(ValueError, match="tokenizer: none given, and the tokenizer of .*gone could not be loaded"):
+        papa_surgery.save(papa, tmp_path / "third")
+    assert not (tmp_path / "third").exists()
+    with pytest.raises(TypeError, match=r"None only at fraction 0 or 1"):
+        papa_surgery.convert(model, constants, None, fraction=0.5)

@@ -89,4 +89,6 @@ def heal(
 
         teacher, _ = load(teacher_name(model, teacher), device=device)
     flow = _workflow(teacher, tokenizer, getattr(model.config, "papa_source_model", None), run, progress)
-    return flow.heal(model, corpus, heal_options, max_examples=max_examples, state_path=state_path)
+    healed = flow.heal(model, corpus, heal_options, max_examples=max_examples, state_path=state_path)
+    healed.papa_tokenizer = tokenizer  # what papa_surgery.save writes when given none
+    return healed
