@@ -325,3 +325,24 @@ def test_a_probe_sweep_takes_constants_calibrated_into_the_structure(tiny_folder
     saved = [Constants.load(p) for p in (tmp_path / "results.artifacts").glob("constants-*.safetensors")]
     assert saved and all(isinstance(c, StructuredConstants) for c in saved)
     assert run_sweep(config, out, progress=False) == rows  # resumed from the file: nothing left to do
+
+
+def test_a_data_free_kind_stored_compact_by_auto_has_no_residual_and_equals_dense(tiny_folder, tmp_path):
+    """Between L=129 and 512 ``--storage auto`` built data-free constants dense, then fitted a rank-16 residual of
+    zeros to them: all-MiniLM-L6-v2's attention-free toeplitz checkpoint was larger than its source (94.2 MB against
+    90.9 MB), and the card spoke of a residual. They are built into the structure with none, exact as before."""
+    from transformers import AutoModel
+
+    folder = tiny_folder("bert", max_position_embeddings=512)
+    outs = {}
+    for storage in ("auto", "dense"):
+        outs[storage] = tmp_path / storage
+        done = cli("convert", folder, "--fraction", "1", "--max-length", 256, "--kind", "toeplitz",
+                   "--storage", storage, "--out", outs[storage])  # fmt: skip
+        assert done.exit_code == 0, done.output
+    config = json.loads((outs["auto"] / "config.json").read_text())
+    assert config["papa_compact_rank"] == 0 and config["papa_compact_band"] > 0
+    assert "residual" not in " ".join(cli("inspect", outs["auto"]).output.split())
+    ids = torch.randint(5, 90, (2, 200), generator=torch.Generator().manual_seed(0))
+    got = [AutoModel.from_pretrained(outs[s], trust_remote_code=True)(input_ids=ids)[0] for s in ("auto", "dense")]
+    assert float((got[0] - got[1]).abs().max()) < 1e-5

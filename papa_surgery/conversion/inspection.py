@@ -136,7 +136,7 @@ def constants_structure(folder: Path) -> str | None:
     text = (
         f"cells within {layout.band} of the diagonal and the rows and columns of slots "
         f"{', '.join(map(str, layout.special))} stored exactly; every other cell the head's relative-offset "
-        f"profile plus a rank-{layout.rank} residual"
+        f"profile" + (f" plus a rank-{layout.rank} residual" if layout.rank else "")
     )
     if layout.clamped:
         return text + "; rebuilt into L x L matrices at load (format 1)"

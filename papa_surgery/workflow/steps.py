@@ -126,7 +126,7 @@ class Workflow:
         kind returns its starting matrices (the probe of a sweep cell trains them); compact ``storage`` (band, rank)
         makes the average calibrate into it.
         """
-        from ..calibration.average import structure_of, structured_layout
+        from ..calibration.average import structure_of
         from ..calibration.budget import check_kind_fits
 
         chosen = registry.kind(kind, sweeps=True)
@@ -134,9 +134,12 @@ class Workflow:
         if chosen.starts_from and chosen.made == registry.LABELED:
             chosen = registry.kind(chosen.starts_from)
         if chosen.made == registry.DATA_FREE:  # O(L) per head in a compact layout: any L
+            from ..calibration.compaction import DENSE_UP_TO, layout_for
             from ..calibration.data_free import data_free_constants
 
-            layout = structured_layout(storage, max_length, False, compact_band, compact_rank)
+            # built straight into the structure wherever it is stored compact: exact, so no residual unless asked
+            compact = storage == "compact" or (storage == "auto" and max_length > DENSE_UP_TO)
+            layout = layout_for("compact", max_length, False, compact_band, compact_rank or 0) if compact else None
             if layout is None:
                 check_kind_fits(chosen, self.shape, max_length)
             layers, per_layer = self.shape
