@@ -217,7 +217,9 @@ def test_batches_are_grouped_by_length_cover_each_epoch_once_and_split_across_pr
         ]
 
 
-def test_a_stopped_run_resumes_to_the_uninterrupted_result(source, tmp_path, monkeypatch):
+def test_a_stopped_run_resumes_to_the_uninterrupted_result(source, tmp_path, monkeypatch, caplog):
+    import logging
+
     from papa_surgery.healing import state as state_module
 
     uninterrupted = state(heal(source, train="full"))
@@ -233,9 +235,12 @@ def test_a_stopped_run_resumes_to_the_uninterrupted_result(source, tmp_path, mon
     monkeypatch.setattr(state_module.HealState, "save", save_then_stop)
     model, tok, _ = source
     options = HealOptions(**{**QUICK, "train": "full"})
+    caplog.set_level(logging.WARNING, logger="papa_surgery")
     with pytest.raises(KeyboardInterrupt):
         heal_model(converted(source), model, tok, CORPUS, options, batch_size=8, progress=False, state_path=path)
     assert saves == [4, 8] and path.is_file() and [p.name for p in tmp_path.iterdir()] == ["state.safetensors"]
+    said = [r.getMessage() for r in caplog.records if "resume state" in r.getMessage()]  # hidden in the CLI: said
+    assert len(said) == 1 and str(path) in said[0] and "delete it to start afresh" in said[0], said
     monkeypatch.setattr(state_module.HealState, "save", real_save)
     resumed = heal_model(converted(source), model, tok, CORPUS, options, batch_size=8, progress=False, state_path=path)
     assert resumed.papa_recipe["healing"]["resumed_from_step"] == 8

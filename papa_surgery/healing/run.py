@@ -186,19 +186,20 @@ def heal_model(
         key = run_key(_fingerprint(papa), teacher_name, corpus.key(), len(examples), options, settings,
                       world_size())  # fmt: skip
         state = HealState(state_path, key) if state_path else None
-        history = train(
-            trainable,
-            teacher,
-            tokenizer,
-            examples,
-            max_length=max_length,
-            pairs=pairs,
-            objective=objective,
-            settings=settings,
-            measure=lambda: held.measure(trainable.model),
-            state=state,
-            progress=progress,
-        )
+        with HealState.said_when_stopped(state_path):
+            history = train(
+                trainable,
+                teacher,
+                tokenizer,
+                examples,
+                max_length=max_length,
+                pairs=pairs,
+                objective=objective,
+                settings=settings,
+                measure=lambda: held.measure(trainable.model),
+                state=state,
+                progress=progress,
+            )
         compact = (config.papa_compact_band, config.papa_compact_rank)  # stored back as the checkpoint had them
         healed = finish(trainable, _storage(papa), config.papa_constants_dtype, None if None in compact else compact)
         after = held.measure(healed)

@@ -10,9 +10,11 @@ safetensors, the rest JSON in its metadata.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -85,6 +87,25 @@ class HealState:
                 f"{str(path)!r} is {what}; a state is replaced at every evaluation, so pass a path of its own (one "
                 "that does not exist yet, or an earlier run's state)",
             )
+
+    @staticmethod
+    @contextlib.contextmanager
+    def said_when_stopped(path: str | Path | None) -> Iterator[None]:
+        """Within it, a run stopped by an error or an interrupt says where its resume state is kept, and how big it
+        is (it is hidden beside the output: the user would not find it, or know to delete it)."""
+        try:
+            yield
+        except BaseException:
+            from ..distributed import is_main_process
+
+            if path is not None and Path(path).is_file() and is_main_process():
+                logger.warning(
+                    "the resume state of this healing run is kept at %s (%.0f MB): the same command resumes from its "
+                    "last evaluation; delete it to start afresh",
+                    path,
+                    Path(path).stat().st_size / 2**20,
+                )
+            raise
 
     def restore(self, trainable, optimizer, scheduler, history: dict) -> bool:
         """Load the saved state into the run if it is this run's; whether it was."""
