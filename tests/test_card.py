@@ -232,6 +232,10 @@ def test_a_local_source_is_named_by_its_folder_and_its_ancestry(tiny_folder, tmp
         "This is **my-tiny-bert** (a local model) with" in card and "| source model | `my-tiny-bert` (a local" in card
     )
     assert "source          my-tiny-bert (a local model)" in inspected
+    # identity constants are made without data: the card said they were calibrated on text, as the average is
+    body = " ".join(card.split())
+    assert "made without data, the same for every head: each token attends to itself (the identity kind)" in body
+    assert "calibrated once on unlabeled text" not in body
     # an older transformers wrote the Hub id it loaded from as _name_or_path; a path there is never recorded
     config = json.loads((plain / "config.json").read_text())
     for name_or_path, base in (("org/base-bert", "org/base-bert"), (str(tmp_path / "elsewhere" / "m"), None)):

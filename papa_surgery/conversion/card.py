@@ -95,6 +95,23 @@ def write_heatmap(checkpoint_dir, max_heads: int = 4, out_name: str = IMAGE_NAME
     return report.plot_constants(folder, folder / out_name, max_heads=max_heads)
 
 
+def constants_origin(kind: str | None) -> str:
+    """How the card says a constant head's matrix ``C`` was made (it said "calibrated on unlabeled text" for every
+    kind, data-free ones included)."""
+    from .. import registry
+
+    chosen = registry.KINDS.get(kind or "")
+    if chosen is None:
+        return f"made as the {kind or 'unrecorded'} kind"
+    if chosen.made == registry.DATA_FREE:
+        return f"made without data, the same for every head: {chosen.summary} (the {kind} kind)"
+    if chosen.made == registry.CALIBRATED:
+        return "calibrated once on unlabeled text: the average of that head's attention over the calibration corpus"
+    if chosen.made == registry.ANALYSIS:
+        return f"calibrated once on unlabeled text: {chosen.summary} (the {kind} kind)"
+    return f"calibrated once on unlabeled text, then fitted: {chosen.summary} (the {kind} kind)"
+
+
 def render_card(
     checkpoint_dir,
     results=None,
@@ -156,6 +173,7 @@ def render_card(
         fraction_percent=_percent(fraction),
         fraction_text="?" if fraction is None else f"{fraction:.4g}",
         kind=d["kind"],
+        constants_origin=constants_origin(d["kind"]),
         kind_note=f" ({sharpness_text(d['sharpened'])})" if d.get("sharpened") else "",
         method=ranking_text(d),
         max_length=int(d["max_length"]),
