@@ -21,6 +21,7 @@ from . import registry
 from .arguments import check_constants as _constants
 from .arguments import check_model as _model
 from .arguments import check_tokenizer as _tokenizer
+from .arguments import tokenizer_of
 from .arguments import what as _what
 from .options import ArgumentError, ArgumentTypeError, CalibrationOptions, ConvertOptions, RunOptions
 
@@ -312,40 +313,11 @@ def save(
     _tokenizer(tokenizer, required=False)
     _model(model)
     if tokenizer is None:  # without one the folder holds none, and AutoTokenizer makes an empty one from its config
-        tokenizer = getattr(model, "papa_tokenizer", None) or _tokenizer_of(model)
+        tokenizer = getattr(model, "papa_tokenizer", None) or tokenizer_of(model)
     recipe = getattr(model, "papa_recipe", None)
     return save_checkpoint(
         model, out_dir, tokenizer=tokenizer, recipe=recipe, overwrite=overwrite, card=card, results=results
     )
-
-
-# A folder's files that hold a tokenizer's vocabulary (one is enough; a config alone makes an empty tokenizer).
-TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "vocab.json", "spiece.model", "spm.model", "tokenizer.model",
-                   "sentencepiece.model", "sentencepiece.bpe.model")  # fmt: skip
-
-
-def _tokenizer_of(model: nn.Module):
-    """The tokenizer of the folder or Hub id ``model`` was loaded from (its source's, for a converted model), or an
-    ``ArgumentError`` asking for one. No code runs: a tokenizer of custom code must be passed."""
-    from transformers import AutoTokenizer
-
-    from .failures import one_line
-    from .models.sources import resolve_model
-
-    name = getattr(model.config, "_name_or_path", None)
-    name = str(resolve_model(name)) if name and name != "None" else None  # a converted model's says "None"
-    try:
-        if not name:
-            raise ValueError("the model does not say where it was loaded from")
-        if Path(name).is_dir() and not any((Path(name) / f).is_file() for f in TOKENIZER_FILES):
-            raise ValueError(f"{name} holds no tokenizer files")  # AutoTokenizer would make an empty vocabulary
-        return AutoTokenizer.from_pretrained(name)
-    except Exception as err:
-        raise ArgumentError(
-            "tokenizer",
-            f"none given, and the tokenizer of {name or 'the model'} could not be loaded ({one_line(err)[:200]}); "
-            "pass the source's tokenizer (tokenizer=...): a checkpoint without one loads no tokenizer that works",
-        ) from None
 
 
 def probe(model: nn.Module, tokenizer: Any, task: str, **options: Any) -> dict:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from . import registry
-from .options import ArgumentTypeError
+from .options import ArgumentError, ArgumentTypeError
 
 
 def check_model(model) -> None:
@@ -59,3 +59,32 @@ def check_constants(constants, method: str | None = None):
     if method is not None:
         registry.check_reads(method, constants.kind)
     return constants
+
+
+# A folder's files that hold a tokenizer's vocabulary (one is enough; a config alone makes an empty tokenizer).
+TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "vocab.json", "spiece.model", "spm.model", "tokenizer.model",
+                   "sentencepiece.model", "sentencepiece.bpe.model")  # fmt: skip
+
+
+def tokenizer_of(model):
+    """The tokenizer of the folder or Hub id ``model`` was loaded from (its source's, for a converted model), or an
+    ``ArgumentError`` asking for one. No code runs: a tokenizer of custom code must be passed."""
+    from transformers import AutoTokenizer
+
+    from .failures import one_line
+    from .models.sources import resolve_model
+
+    name = getattr(model.config, "_name_or_path", None)
+    name = str(resolve_model(name)) if name and name != "None" else None  # a converted model's says "None"
+    try:
+        if not name:
+            raise ValueError("the model does not say where it was loaded from")
+        if Path(name).is_dir() and not any((Path(name) / f).is_file() for f in TOKENIZER_FILES):
+            raise ValueError(f"{name} holds no tokenizer files")  # AutoTokenizer would make an empty vocabulary
+        return AutoTokenizer.from_pretrained(name)
+    except Exception as err:
+        raise ArgumentError(
+            "tokenizer",
+            f"none given, and the tokenizer of {name or 'the model'} could not be loaded ({one_line(err)[:200]}); "
+            "pass the source's tokenizer (tokenizer=...): a checkpoint without one loads no tokenizer that works",
+        ) from None

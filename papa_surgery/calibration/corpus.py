@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from ..failures import ArgumentError, ArgumentTypeError, one_line, spell
+from .file_identity import file_identity
 
 TEXT_COLUMNS = ("text", "sentence", "content", "document")
 PAIR_COLUMNS = (("sentence1", "sentence2"), ("premise", "hypothesis"), ("question", "sentence"), ("text_a", "text_b"))
@@ -159,23 +160,6 @@ def _from_dataset(ds, pairs: bool, columns, description: str, max_examples, iden
     return Corpus(_Rows(), pairs, f"{description} [{', '.join(cols)}]", max_examples, length, identity)
 
 
-def _file_identity(path: Path) -> str:
-    """A hash of a file's content (the same wherever it is copied; remembered per path, size and modification time,
-    so a sweep opening it for every cell reads it once)."""
-    stat = path.stat()
-    seen = (str(path.resolve()), stat.st_size, stat.st_mtime_ns)
-    if seen not in _HASHED:
-        digest = hashlib.sha256()
-        with open(path, "rb") as f:
-            for block in iter(lambda: f.read(1 << 20), b""):
-                digest.update(block)
-        _HASHED[seen] = f"sha256 {digest.hexdigest()[:32]}"
-    return _HASHED[seen]
-
-
-_HASHED: dict[tuple, str] = {}
-
-
 def load_corpus(src, pairs: bool = False, max_examples: int | None = None, columns=None) -> Corpus:
     """Open a calibration corpus.
 
@@ -297,8 +281,8 @@ def _from_path_or_spec(src: str, pairs: bool, max_examples, columns) -> Corpus:
             import datasets
 
             ds = datasets.load_dataset(DATA_FILE_TYPES[path.suffix], data_files=str(path), split="train")
-            return _from_dataset(ds, pairs, columns, f"file {path.name}", max_examples, _file_identity(path))
-        return Corpus(path, pairs, f"text file {path.name}", max_examples, None, _file_identity(path))
+            return _from_dataset(ds, pairs, columns, f"file {path.name}", max_examples, file_identity(path))
+        return Corpus(path, pairs, f"text file {path.name}", max_examples, None, file_identity(path))
     parts = src.split(":")
     if len(parts) in (3, 4) and "/" not in parts[-1]:
         return _from_hub_spec(parts, pairs, max_examples)

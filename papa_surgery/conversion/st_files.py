@@ -15,9 +15,10 @@ import json
 import logging
 import shutil
 from dataclasses import dataclass
-from pathlib import Path, PurePosixPath, PureWindowsPath
+from pathlib import Path
 
 from ..failures import one_line
+from ..outputs.st_modules import json_object, module_code_files, module_entries
 
 # Top-level files of a sentence-transformers folder besides the encoder's own.
 ST_FILES = ("modules.json", "sentence_bert_config.json", "config_sentence_transformers.json")
@@ -117,7 +118,7 @@ def sentence_transformers_max_length(source: str | Path | None) -> int | None:
     if folder is None:
         return None
     encoder = module_entries(folder)[0].get("path") or ""  # older models keep the encoder's config in its folder
-    config = _json_object(folder / "sentence_bert_config.json") or _json_object(
+    config = json_object(folder / "sentence_bert_config.json") or json_object(
         folder / encoder / "sentence_bert_config.json"
     )
     value = config.get("max_seq_length")
@@ -155,7 +156,7 @@ def copy_sentence_transformers_files(source: str | Path | None, out_dir: str | P
         shutil.copy2(folder / name, out_dir / name)
         copied.append(name)
     config_path = out_dir / "sentence_bert_config.json"
-    config = _json_object(config_path) or _json_object(folder / (encoder.get("path") or "") / config_path.name)
+    config = json_object(config_path) or json_object(folder / (encoder.get("path") or "") / config_path.name)
     # sentence-transformers 2-5 keep max_seq_length here; 6 may leave it to the tokenizer's model_max_length.
     source_length = config.get("max_seq_length") or _tokenizer_max_length(folder) or max_length
     config["max_seq_length"] = min(int(source_length), int(max_length))
@@ -163,67 +164,6 @@ def copy_sentence_transformers_files(source: str | Path | None, out_dir: str | P
     if "sentence_bert_config.json" not in copied:
         copied.append("sentence_bert_config.json")
     return detection.record(copied)
-
-
-def module_entries(folder: str | Path) -> list[dict]:
-    """The modules of ``folder``'s ``modules.json`` in their order (the encoder first), each module's folder checked
-    to lie inside ``folder``; ``ValueError`` naming the file and what to fix otherwise (sentence-transformers
-    refuses such a model too)."""
-    path = Path(folder) / "modules.json"
-    try:
-        modules = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise ValueError(f"{path} cannot be read ({one_line(err)}); fix or remove it") from None
-    if not modules or not isinstance(modules, list) or not all(isinstance(m, dict) for m in modules):
-        raise ValueError(f"{path} is not a list of modules; fix or remove it")
-    for module in modules:
-        sub = str(module.get("path") or "")
-        if (
-            sub.startswith(("/", "\\"))
-            or PureWindowsPath(sub).drive
-            or ".." in PurePosixPath(sub.replace("\\", "/")).parts
-        ):
-            raise ValueError(
-                f"{path} names the module folder {sub!r}, outside the model's folder (sentence-transformers refuses "
-                "it too); make it a folder inside the model's, e.g. 1_Pooling"
-            )
-    try:
-        return sorted(modules, key=lambda m: int(m.get("idx", 0)))
-    except (TypeError, ValueError):
-        raise ValueError(f"{path} has a module whose idx is not a number; fix it") from None
-
-
-def _json_object(path: Path) -> dict:
-    """The JSON object in ``path`` (``{}``: no such file)."""
-    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
-
-
-def module_code_files(folder: str | Path) -> list[str]:
-    """The top-level ``.py`` files of ``folder`` that its ``modules.json``'s own-code modules load: a module type
-    ``file.Class`` (sentence-transformers loads it from ``file.py`` beside ``modules.json``, as transformers'
-    ``get_class_from_dynamic_module`` does) and the files that file imports relatively; sorted names.
-
-    papa-surgery's own model code (``hub_code``) is never among them: a checkpoint's code is written by papa-surgery.
-    """
-    from .. import hub_code
-
-    folder = Path(folder)
-    try:
-        modules = json.loads((folder / "modules.json").read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-        return []
-    ours = {p.name for p in Path(hub_code.__file__).parent.glob("*.py")}
-    names: set[str] = set()
-    for module in modules if isinstance(modules, list) else []:
-        kind = str(module.get("type") or "") if isinstance(module, dict) else ""
-        if kind.startswith("sentence_transformers.") or kind.count(".") != 1:  # the library's, or an installed package
-            continue
-        entry = folder / f"{kind.split('.')[0]}.py"
-        if entry.is_file():
-            from transformers.dynamic_module_utils import get_relative_import_files  # only for a module of own code
-
-            names |= {entry.name, *(Path(f).name for f in get_relative_import_files(entry) if Path(f).is_file())}
-    return sorted(names - ours)
 
 
 def _tokenizer_max_length(folder: Path) -> int | None:

@@ -188,7 +188,7 @@ def _is_results(data: bytes) -> bool:
 def checkpoint_files(folder: str | Path) -> set[str]:
     """Names of the top-level entries a PAPA checkpoint folder may hold (what papa-surgery writes into it)."""
     from .. import hub_code
-    from ..conversion.st_files import module_code_files
+    from .st_modules import module_code_files
 
     names = set(_CHECKPOINT_FILES) | {p.name for p in Path(hub_code.__file__).parent.glob("*.py")}
     modules = _json_list(Path(folder) / "modules.json")
