@@ -255,16 +255,12 @@ def convert(
                              trainable_constants=trainable_constants)  # fmt: skip
     constants = _constants(constants)
     flow = _workflow(model, tokenizer, source_name)
-    heads = None
-    if ranking is None and options.fraction in (0.0, 1.0):  # no head or every head, whatever the order: none needed
-        layers, per_layer = flow.shape
-        heads = [[layer, h] for layer in range(layers) for h in range(per_layer)] if options.fraction else []
-    elif isinstance(ranking, (str, Path)) and (str(ranking).endswith(".json") or Path(ranking).exists()):
+    if isinstance(ranking, (str, Path)) and (str(ranking).endswith(".json") or Path(ranking).exists()):
         ranking = Ranking.load(ranking)
     elif isinstance(ranking, str):
         ranking = flow.ranking(ranking, constants=constants)
-    elif not isinstance(ranking, Ranking):
-        raise ArgumentTypeError(
+    elif not isinstance(ranking, Ranking) and not (ranking is None and options.fraction in (0.0, 1.0)):
+        raise ArgumentTypeError(  # None: no head or every head, whatever the order (Workflow.convert)
             "ranking",
             f"must be a Ranking, a ranking file (.json) or a method name such as 'variance', got {_what(ranking)} "
             "(None only at fraction 0 or 1, where the order does not matter)",
@@ -273,7 +269,6 @@ def convert(
         constants,
         ranking,
         options.fraction,
-        heads=heads,
         dtype=options.dtype,
         **options.storage_kwargs(),
         trainable_constants=options.trainable_constants,

@@ -89,20 +89,18 @@ def borrow(model, device=None) -> tuple[torch.device, Callable[[], None]]:
 
 def pass_metadata(model, corpus: Corpus, examples: int, batch_size: int, processes: int, source_name=None) -> dict:
     """The provenance of one pass over a corpus (calibration or analysis), stored with its constants."""
-    return (
-        {
-            "source_model": source_name or getattr(model.config, "_name_or_path", None) or model.config.model_type,
-            "model_type": model.config.model_type,
-            "fingerprint": model_fingerprint(model),  # compatibility is checked by identity, not by name
-            "corpus": corpus.description,
-            "examples": examples,
-            "batch_size": batch_size,
-            "processes": processes,
-            "model_dtype": str(next(model.parameters()).dtype).replace("torch.", ""),
-            "papa_surgery_version": __version__,
-            "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        }
-        | (  # which text, beyond its name (Corpus.identity, hashed): two train.txt are not one corpus
-            {"corpus_identity": hashlib.sha256(corpus.identity.encode()).hexdigest()[:16]} if corpus.identity else {}
-        )
-    )
+    meta = {
+        "source_model": source_name or getattr(model.config, "_name_or_path", None) or model.config.model_type,
+        "model_type": model.config.model_type,
+        "fingerprint": model_fingerprint(model),  # compatibility is checked by identity, not by name
+        "corpus": corpus.description,
+        "examples": examples,
+        "batch_size": batch_size,
+        "processes": processes,
+        "model_dtype": str(next(model.parameters()).dtype).replace("torch.", ""),
+        "papa_surgery_version": __version__,
+        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+    }
+    if corpus.identity:  # which text, beyond its name (Corpus.identity, hashed): two train.txt are not one corpus
+        meta["corpus_identity"] = hashlib.sha256(corpus.identity.encode()).hexdigest()[:16]
+    return meta

@@ -117,11 +117,7 @@ def sentence_transformers_max_length(source: str | Path | None) -> int | None:
     folder = sentence_transformers_folder(source)
     if folder is None:
         return None
-    encoder = module_entries(folder)[0].get("path") or ""  # older models keep the encoder's config in its folder
-    config = json_object(folder / "sentence_bert_config.json") or json_object(
-        folder / encoder / "sentence_bert_config.json"
-    )
-    value = config.get("max_seq_length")
+    value = _encoder_config(folder, module_entries(folder)[0]).get("max_seq_length")
     return int(value) if isinstance(value, int) and value > 0 else None
 
 
@@ -156,7 +152,7 @@ def copy_sentence_transformers_files(source: str | Path | None, out_dir: str | P
         shutil.copy2(folder / name, out_dir / name)
         copied.append(name)
     config_path = out_dir / "sentence_bert_config.json"
-    config = json_object(config_path) or json_object(folder / (encoder.get("path") or "") / config_path.name)
+    config = json_object(config_path) or _encoder_config(folder, encoder)
     # sentence-transformers 2-5 keep max_seq_length here; 6 may leave it to the tokenizer's model_max_length.
     source_length = config.get("max_seq_length") or _tokenizer_max_length(folder) or max_length
     config["max_seq_length"] = min(int(source_length), int(max_length))
@@ -164,6 +160,13 @@ def copy_sentence_transformers_files(source: str | Path | None, out_dir: str | P
     if "sentence_bert_config.json" not in copied:
         copied.append("sentence_bert_config.json")
     return detection.record(copied)
+
+
+def _encoder_config(folder: Path, encoder: dict) -> dict:
+    """The encoder module's ``sentence_bert_config.json``: beside ``modules.json``, or in the encoder's own folder
+    (``0_Transformer/``), where older models keep it."""
+    name = "sentence_bert_config.json"
+    return json_object(folder / name) or json_object(folder / (encoder.get("path") or "") / name)
 
 
 def _tokenizer_max_length(folder: Path) -> int | None:

@@ -136,7 +136,7 @@ class SweepArtifacts:
         if count == 0:
             return []
         if count == total:
-            return [[layer, h] for layer in range(self.num_layers) for h in range(total // self.num_layers)]
+            return self.flow.every_head()
         return self.ranking(method, spec, task, length, seed).select(fraction)
 
     def open_corpus(self, spec: str, task):

@@ -104,9 +104,8 @@ def sentence_pipeline(source) -> tuple[SentencePipeline | None, str]:
     modes: tuple[str, ...] = ()
     dense, normalize = [], False
     for module in sorted(modules, key=lambda m: int(m.get("idx", 0)))[1:]:  # the first is the encoder
-        kind = str(module.get("type", "")).rsplit(".", 1)[-1]
-        if not str(module.get("type", "")).startswith("sentence_transformers."):  # the source's own code, not run here
-            kind = str(module.get("type", ""))
+        ref = str(module.get("type", ""))  # the source's own code (not sentence_transformers.*) is never run here
+        kind = ref.rsplit(".", 1)[-1] if ref.startswith("sentence_transformers.") else ref
         path = folder / (module.get("path") or "")
         if kind == "Pooling":
             modes = _pooling_modes(_json(path / "config.json"))

@@ -30,6 +30,7 @@ from pathlib import Path
 from ..failures import spell
 from .places import check_file_path, check_not_cwd, check_not_link, empty_folder
 from .places import out_flag as _out
+from .st_modules import json_list, module_code_files
 
 # The fields every results row has: the cell it scored (papa_surgery.experiments.results builds its resume key,
 # KEY_FIELDS, from these and the corpus, which older rows lack).
@@ -188,23 +189,14 @@ def _is_results(data: bytes) -> bool:
 def checkpoint_files(folder: str | Path) -> set[str]:
     """Names of the top-level entries a PAPA checkpoint folder may hold (what papa-surgery writes into it)."""
     from .. import hub_code
-    from .st_modules import module_code_files
 
     names = set(_CHECKPOINT_FILES) | {p.name for p in Path(hub_code.__file__).parent.glob("*.py")}
-    modules = _json_list(Path(folder) / "modules.json")
+    modules = json_list(Path(folder) / "modules.json")
     for module in modules:  # a sentence-transformers source's module folders: 1_Pooling, 2_Normalize...
         sub = str(module.get("path") or "") if isinstance(module, dict) else ""
         if sub and "/" not in sub.strip("/") and sub not in (".", ".."):
             names.add(sub.strip("/"))
     return names | set(module_code_files(folder))  # a sentence-transformers module's own code, carried
-
-
-def _json_list(path: Path) -> list:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-        return []
-    return data if isinstance(data, list) else []
 
 
 def foreign_entries(folder: str | Path) -> list[str]:

@@ -44,6 +44,15 @@ def json_object(path: Path) -> dict:
     return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
 
 
+def json_list(path: Path) -> list:
+    """The JSON list in ``path``; ``[]`` when there is none (no file, unreadable, not a list)."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return []
+    return data if isinstance(data, list) else []
+
+
 def module_code_files(folder: str | Path) -> list[str]:
     """The top-level ``.py`` files of ``folder`` that its ``modules.json``'s own-code modules load: a module type
     ``file.Class`` (sentence-transformers loads it from ``file.py`` beside ``modules.json``, as transformers'
@@ -54,13 +63,9 @@ def module_code_files(folder: str | Path) -> list[str]:
     from .. import hub_code
 
     folder = Path(folder)
-    try:
-        modules = json.loads((folder / "modules.json").read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-        return []
     ours = {p.name for p in Path(hub_code.__file__).parent.glob("*.py")}
     names: set[str] = set()
-    for module in modules if isinstance(modules, list) else []:
+    for module in json_list(folder / "modules.json"):  # any folder (--overwrite asks): a bad file holds none
         kind = str(module.get("type") or "") if isinstance(module, dict) else ""
         if kind.startswith("sentence_transformers.") or kind.count(".") != 1:  # the library's, or an installed package
             continue

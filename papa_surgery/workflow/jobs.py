@@ -168,8 +168,7 @@ def run_convert(
         constants = flow.constants(kind.starts_from, **dense)
     heads = None
     if every_or_none:
-        layers, per_layer = flow.shape
-        heads = [[layer, h] for layer in range(layers) for h in range(per_layer)] if conv.fraction else []
+        heads = flow.every_head() if conv.fraction else []
     elif ranking is None:
         ranking = flow.ranking(
             method.name,

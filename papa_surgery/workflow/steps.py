@@ -102,6 +102,11 @@ class Workflow:
         heads, layers = num_heads_layers(self.model.config)
         return layers, heads
 
+    def every_head(self) -> list[list[int]]:
+        """Every ``[layer, head]`` of the source, in order (what fraction 1 makes constant, whatever the ranking)."""
+        layers, per_layer = self.shape
+        return [[layer, h] for layer in range(layers) for h in range(per_layer)]
+
     # ------------------------------------------------------------------------------------------ constants
     def constants(
         self,
@@ -181,8 +186,7 @@ class Workflow:
         from ..healing.distillation import distill
         from ..healing.sharpness import sharpen
 
-        layers, per_layer = self.shape
-        heads = [[layer, h] for layer in range(layers) for h in range(per_layer)] if heads is None else heads
+        heads = self.every_head() if heads is None else heads
         corpus = corpus if isinstance(corpus, Corpus) else open_corpus(corpus, pairs=constants.pairs)
         run, common = self.run, dict(batch_size=self.run.batch_size, device=self.run.device, progress=self.progress)
         options = options or DistillOptions()
@@ -292,7 +296,8 @@ class Workflow:
         command: str | None = None,
         record: dict | None = None,
     ):
-        """The PAPA model whose first ``fraction`` of ``ranking``'s heads (or exactly ``heads``) are constant.
+        """The PAPA model whose first ``fraction`` of ``ranking``'s heads (or exactly ``heads``; at fraction 0 or 1
+        with neither, none or every head) are constant.
 
         ``kind`` and ``method`` name what made the constants and the heads when ``constants`` and ``ranking`` do
         not say it themselves (a sweep's fraction 1 needs no ranking).
@@ -304,7 +309,9 @@ class Workflow:
         from ..conversion.surgery import convert as convert_heads
         from ..distributed import world_size
 
-        if heads is None:
+        if heads is None and ranking is None and fraction in (0.0, 1.0):  # no head or every head: no order needed
+            heads = self.every_head() if fraction else []
+        elif heads is None:
             ranking.check_compatible(self.model.config)
             heads = ranking.select(fraction)
         papa = convert_heads(
