@@ -56,6 +56,7 @@ def load(
         trust_remote_code: run the code files the model ships; by default papa-surgery's own classes load it.
 
     Raises:
+        FileNotFoundError: a local folder that does not exist (the message names close ones).
         ValueError: an architecture papa-surgery does not support (the message lists those it does), or a device
             this machine does not have.
     """

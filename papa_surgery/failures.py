@@ -93,6 +93,14 @@ def command_line_spelling() -> Iterator[None]:
         _CLI.reset(token)
 
 
+class NotFound(FileNotFoundError, ValueError):
+    """A path the user named does not exist: a ``FileNotFoundError``, and a ``ValueError`` as before for callers
+    that caught that (a failed run on the command line, exit 1)."""
+
+    def __str__(self) -> str:  # the message alone, not OSError's "[Errno ...]" form
+        return str(self.args[0]) if self.args else ""
+
+
 class RemoteFailure(RuntimeError):
     """Another process of the run failed; ``rank`` is the first that did, ``message`` its error."""
 

@@ -182,6 +182,20 @@ def test_short_corpus_warns_once_on_the_command_line(runner, source, corpus, tmp
     assert quiet.exit_code == 0 and "warning:" not in quiet.stderr
 
 
+@pytest.mark.parametrize(
+    ("chosen", "warned"),
+    [(("--kind", "toeplitz", "--method", "variance"), 0), (("--kind", "average", "--method", "variance"), 1), ((), 1)],
+)
+def test_short_corpus_is_said_only_of_the_constants_the_model_gets(runner, source, corpus, tmp_path, chosen, warned):
+    """A data-free kind below fraction 1 calibrates the average only to rank the heads; the warning said the model's
+    longer inputs used filled constants, which a data-free kind never has. The average's own warning stays, once
+    (the defaults: sharpened constants, sensitivity ranking)."""
+    args = ["convert", source, "--fraction", 0.5, *chosen, "--corpus", corpus, "--max-length", 64]
+    result = runner.invoke(main, [str(a) for a in (*args, "--out", tmp_path / "out")])
+    assert result.exit_code == 0, result.output
+    assert result.stderr.count("warning: the calibration corpus covers only") == warned, result.stderr
+
+
 def test_distilled_kind_on_the_command_line(runner, source, corpus, tmp_path):
     consts = tmp_path / "d.safetensors"
     result = invoke(

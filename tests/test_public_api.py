@@ -174,7 +174,7 @@ def test_calibrate_refuses_more_slots_than_positions_before_allocating(tiny):
     """10,000 slots would be 6.4 GB of fp64 sums on the tiny model (57 GB on MiniLM): refused by name first."""
     model, tok = tiny.model("bert"), tiny.tokenizer("bert")
     limit = model.config.max_position_embeddings
-    with pytest.raises(ValueError, match=rf"max_length: 10000 slots exceed the {limit} positions the model has.*"
+    with pytest.raises(ValueError, match=rf"max_length: 10000 slots exceed the {limit} positions of the model .*"
                        rf"max_length={limit}"):  # fmt: skip
         papa_surgery.calibrate(model, tok, SENTENCES, max_length=10000, progress=False)
 
@@ -201,8 +201,8 @@ def test_calibrate_arguments_are_checked_in_the_apis_words(tiny, kwargs, error, 
     ("ranking", "fraction", "error", "words"),
     [
         (None, 0.5, TypeError, r"ranking: must be a Ranking, a ranking file \(.json\) or a method name"),
-        ("first-to-last", "0.5", TypeError, r"fraction: must be int or float, got the str '0.5'"),
-        ("first-to-last", True, TypeError, r"fraction: must be int or float, got the bool True"),
+        ("first-to-last", "0.5", TypeError, r"fraction: must be int or float or Fraction, got the str '0.5'"),
+        ("first-to-last", True, TypeError, r"fraction: must be int or float or Fraction, got the bool True"),
         ("first-to-last", 1.5, ValueError, r"fraction: 1.5 is not between 0 and 1"),
     ],
 )
@@ -212,6 +212,30 @@ def test_convert_arguments_are_checked_in_the_apis_words(tiny, ranking, fraction
     with pytest.raises(error, match=words) as caught:
         papa_surgery.convert(model, constants, ranking, fraction=fraction)
     assert "--" not in str(caught.value)  # the API names keyword arguments, never CLI flags
+
+
+def test_missing_files_and_folders_are_file_not_found(tmp_path):
+    """The API reference says missing files raise ``FileNotFoundError``; ``load`` raised a plain ``ValueError``
+    for a missing model folder (it still is one, for callers that caught that)."""
+    missing = tmp_path / "no" / "such"
+    with pytest.raises(FileNotFoundError, match="does not exist") as caught:
+        papa_surgery.load(str(missing))
+    assert isinstance(caught.value, ValueError) and "Errno" not in str(caught.value)
+    for load in (papa_surgery.Constants.load, papa_surgery.StructuredConstants.load, papa_surgery.Ranking.load):
+        with pytest.raises(FileNotFoundError, match="does not exist"):
+            load(missing / "file")
+
+
+def test_convert_takes_a_fraction_as_the_command_line_does(tiny):
+    """``--fraction 7/8`` works on the command line; in Python ``Fraction(7, 8)`` was refused as not a number."""
+    from fractions import Fraction
+
+    model = tiny.model("bert")
+    constants = papa_surgery.Constants(make_constants("random", 2, 4, 32), "average", 32)
+    exact = papa_surgery.convert(model, constants, "first-to-last", fraction=Fraction(3, 8))
+    decimal = papa_surgery.convert(model, constants, "first-to-last", fraction=0.375)
+    assert len(exact.config.papa_constant_heads) == 3
+    assert exact.config.papa_constant_heads == decimal.config.papa_constant_heads
 
 
 def test_save_writes_into_an_existing_empty_folder(tiny, tmp_path):

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from ..failures import one_line
+from ..failures import NotFound, one_line
 from .families import get_family
 
 logger = logging.getLogger("papa_surgery")
@@ -172,7 +172,8 @@ def check_model_location(name: str) -> bool:
     offline (``HF_HUB_OFFLINE=1``) or does not answer (one quick request instead of minutes of retries).
 
     Raises:
-        ValueError: a file, a missing folder (with close names), or a Hub id that cannot be reached or found.
+        FileNotFoundError: a missing folder (with close names); also a ``ValueError``.
+        ValueError: a file, a folder with no config.json, or a Hub id that cannot be reached or found.
     """
     from huggingface_hub import constants
 
@@ -186,7 +187,7 @@ def check_model_location(name: str) -> bool:
             raise ValueError(f"model folder {name!r} has no config.json; pass a folder saved with save_pretrained")
         return True
     if _looks_local(name) or not _HUB_ID.match(name):
-        raise ValueError(f"model folder {name!r} does not exist{_suggest(name)}")
+        raise NotFound(f"model folder {name!r} does not exist{_suggest(name)}")
     if constants.HF_HUB_OFFLINE:
         return True
     if not hub_reachable():

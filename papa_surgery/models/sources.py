@@ -126,9 +126,13 @@ def load_model(name: str, run: RunOptions, auto_class: str = "AutoModel", attn: 
 
 
 def public_name_of(model_name: str) -> str:
+    """How messages name a model: a Hub id as given, a local copy of a Hub model by its id, a folder by its name."""
     from .loading import public_name
 
-    return EMBEDDED_HUB_ID if model_name in ("minilm", "embedded") else public_name(model_name) or model_name
+    if model_name in ("minilm", "embedded"):
+        return EMBEDDED_HUB_ID
+    copy = hub_copy_of(Path(model_name)) if Path(model_name).is_dir() else None
+    return copy[0] if copy else public_name(model_name) or model_name
 
 
 def source_record(model_name: str, path: str, info: dict) -> dict:

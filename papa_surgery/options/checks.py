@@ -25,7 +25,7 @@ class FractionType(click.ParamType):
     """A share between 0 and 1, as a decimal or a fraction (``0.875`` or ``7/8``)."""
 
     name = "fraction"
-    py_types = (int, float)
+    py_types = (int, float, Fraction)  # the Python API's numbers; a string is the command line's spelling
 
     def convert(self, value, param, ctx) -> float:
         if isinstance(value, bool):

@@ -37,7 +37,7 @@ def check_max_length(config, max_length: int, model_name: str, argument: str = "
     if limit is not None and max_length > limit:
         raise ArgumentError(
             argument,
-            f"{max_length} slots exceed the {limit} positions {public_name_of(model_name)} has "
+            f"{max_length} slots exceed the {limit} positions of {public_name_of(model_name)} "
             f"(max_position_embeddings); pass {spell(argument, limit)} or less",
         )
 
