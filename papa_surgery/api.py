@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from . import registry
+from .arguments import check_cell_options as _cell_arguments
 from .arguments import check_constants as _constants
 from .arguments import check_model as _model
 from .arguments import check_tokenizer as _tokenizer
@@ -330,7 +331,7 @@ def probe(model: nn.Module, tokenizer: Any, task: str, **options: Any) -> dict:
 
     _model(model)
     _tokenizer(tokenizer)
-    return run_probe(model, tokenizer, task, **options)
+    return run_probe(model, tokenizer, task, **_cell_arguments(model, options))
 
 
 def finetune(model: nn.Module, tokenizer: Any, task: str, **options: Any) -> dict:
@@ -356,7 +357,7 @@ def finetune(model: nn.Module, tokenizer: Any, task: str, **options: Any) -> dic
     _tokenizer(tokenizer)
     names = {f.name for f in fields(FinetuneOptions)}
     hyper = {k: options.pop(k) for k in list(options) if k in names}
-    return run_finetune(model, tokenizer, task, options=FinetuneOptions(**hyper), **options)
+    return run_finetune(model, tokenizer, task, options=FinetuneOptions(**hyper), **_cell_arguments(model, options))
 
 
 def analyze(

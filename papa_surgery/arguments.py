@@ -43,6 +43,21 @@ def what(value) -> str:
     return "None" if value is None else f"the {type(value).__name__} {value!r}"[:120]
 
 
+def check_cell_options(model, options: dict) -> dict:
+    """A probe's or fine-tuning cell's keyword arguments checked as ``probe``/``finetune`` check their flags: the
+    counts and rates positive, ``max_length`` at least 4 and within ``model``'s positions, ``data_dir`` an existing
+    folder, ``device`` one this machine has (a negative ``max_train_examples`` was a slice that dropped the last
+    example)."""
+    from .options import RunOptions, SweepOptions, check_arguments
+    from .workflow.preflight import check_max_length
+
+    checked = check_arguments(options, SweepOptions, RunOptions)
+    if checked.get("max_length") is not None:
+        name = getattr(model.config, "_name_or_path", None) or "the model"
+        check_max_length(model.config, checked["max_length"], name)
+    return checked
+
+
 def check_constants(constants, method: str | None = None):
     """Constants of either storage (``Constants``, ``StructuredConstants``), or read from a constants file; checked
     against the kind ``method`` reads (the registry: ValueError naming what to pass)."""

@@ -139,6 +139,47 @@ def test_the_public_finetune_takes_hyperparameters_as_keywords(tiny, data_dir):
         papa_surgery.finetune(model, tok, "sst2", data_dir=str(data_dir), no_such_option=1)
 
 
+@pytest.mark.parametrize("call", ["probe", "finetune"])
+@pytest.mark.parametrize(
+    ("given", "error", "words"),
+    [
+        ({"max_train_examples": -1}, ValueError, r"max_train_examples: -1 is not in the range x>=1"),
+        ({"max_eval_examples": 0}, ValueError, r"max_eval_examples: 0 is not in the range"),
+        ({"max_train_examples": "20"}, TypeError, r"max_train_examples: must be int, got the str '20'"),
+        ({"seed": "1"}, TypeError, r"seed: must be int, got the str '1'"),
+        ({"data_dir": 123}, TypeError, r"data_dir: must be str or PathLike"),
+        ({"data_dir": "/no/such/folder"}, ValueError, r"data_dir: Directory '/no/such/folder' does not exist"),
+        ({"task": None}, TypeError, r"task: must be a task name"),
+        ({"task": "conll"}, ValueError, r"unknown task 'conll'; did you mean 'ner' or 'pos'\?"),
+    ],
+)
+def test_probe_and_finetune_check_their_arguments_as_their_commands_do(tiny, data_dir, call, given, error, words):
+    """``papa_surgery.probe`` checked none: ``max_train_examples=-1`` was a slice that trained on all but the last
+    example, ``"20"`` or ``seed="1"`` failed deep inside with torch's words, ``task=None`` an AttributeError."""
+    model, tok = tiny.model("bert"), tiny.tokenizer("bert")
+    arguments = {"task": "sst2", "data_dir": str(data_dir), "progress": False, **given}
+    with pytest.raises(error, match=words):
+        getattr(papa_surgery, call)(model, tok, arguments.pop("task"), **arguments)
+
+
+def test_probe_checks_its_own_options_and_the_models_positions(tiny, data_dir):
+    model, tok = tiny.model("bert"), tiny.tokenizer("bert")
+    common = {"data_dir": str(data_dir), "progress": False}
+    for given, words in [({"epochs": 0}, "epochs: 0 is not in"), ({"batch_size": 0}, "batch_size: 0 is not in"),
+                         ({"max_length": 2}, "max_length: 2 is not in"), ({"lr": "1e-3"}, "lr: must be int or float"),
+                         ({"max_length": 10_000}, "max_length: 10000 slots exceed the")]:  # fmt: skip
+        with pytest.raises((ValueError, TypeError), match=words):
+            papa_surgery.probe(model, tok, "sst2", **common, **given)
+
+
+def test_probe_max_length_beyond_the_positions_is_bad_usage(tiny_folder, data_dir, tmp_path):
+    """It exited 1 with "max_length=10000 exceeds...", where calibrate and analyze exit 2 naming --max-length."""
+    args = ["probe", str(tiny_folder("bert")), "--task", "sst2", "--data-dir", str(data_dir), "--max-length", "10000"]
+    result = CliRunner().invoke(main, [*args, "--fractions", "0", "--seeds", "1", "--out", str(tmp_path / "r.jsonl")])
+    assert result.exit_code == 2 and "'--max-length': 10000 slots exceed the" in result.output, result.output
+    assert not (tmp_path / "r.jsonl").exists()
+
+
 def test_finetune_refuses_what_it_cannot_train(tiny, data_dir):
     model, tok = tiny.model("bert"), tiny.tokenizer("bert")
     with pytest.raises(ValueError, match="'mlm' has no fine-tuning head"):

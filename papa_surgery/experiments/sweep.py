@@ -61,14 +61,12 @@ class _Cells:
         from ..models.families import get_family
 
         art, cfg = self.art, self.art.config
+        from ..workflow.preflight import check_max_length
+
         get_family(art.model)
-        limit = getattr(art.model.config, "max_position_embeddings", None)
         for task in tasks:
-            length = art.length(task)
-            if isinstance(limit, int) and limit > 0 and length > limit and not art.is_papa:
-                raise ValueError(
-                    f"max_length={length} exceeds the model's max_position_embeddings={limit}; pass a smaller one"
-                )
+            # bad usage of --max-length (exit 2), whether given or the task's App. B length
+            check_max_length(art.model.config, art.length(task), cfg.model_name)
             self.job.check_data(task)
             if not art.is_papa:
                 for spec in cfg.corpora:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
+import os
 import re
 from collections.abc import Iterable
 from dataclasses import field
@@ -151,6 +152,8 @@ def _python_types(meta: dict) -> tuple[type, ...] | None:
         return (int, float)
     if isinstance(kind, click.Choice):
         return (str,)
+    if isinstance(kind, click.Path):
+        return (str, os.PathLike)
     return getattr(kind, "py_types", None)
 
 
@@ -292,6 +295,19 @@ def group_errors(cls, prefix: str, own: Iterable[str] = ()):
         if err.argument not in names:
             raise
         raise ArgumentError(_prefixed(err.argument, prefix), err.detail) from None
+
+
+def check_arguments(values: dict, *classes) -> dict:
+    """``values`` with each one that is a field of ``classes`` (the first that has it) checked and converted by that
+    field's click type, as building the dataclass would; for calls that take some of a group's options loosely
+    (``papa_surgery.probe``'s ``max_train_examples``). ``None`` is left as it is; other keys pass through."""
+    fields = {}
+    for cls in reversed(classes):
+        fields.update({f.name: f for f in dataclasses.fields(cls) if "help" in f.metadata})
+    return {
+        name: value if value is None or name not in fields else _check(name, fields[name].metadata, value)
+        for name, value in values.items()
+    }
 
 
 def split_kwargs(kwargs: dict, *classes) -> tuple:

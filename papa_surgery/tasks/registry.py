@@ -146,20 +146,27 @@ TASKS: dict[str, Task] = {
 }  # fmt: skip
 
 
+DATASET_TASKS = {"conll": ["ner", "pos"], "conll03": ["ner", "pos"], "ud": ["pos-ud"], "udpos": ["pos-ud"]}
+
+
 def get_task(name: str | Task) -> Task:
     """The registered task called ``name``.
 
     Raises:
         ValueError: unknown name, with the closest registered names as a suggestion.
     """
+    from ..failures import ArgumentError, ArgumentTypeError  # bad usage of --task (exit 2), a ValueError in Python
+
     if isinstance(name, Task):
         return name
+    if not isinstance(name, str):
+        raise ArgumentTypeError("task", f"must be a task name (str) or a Task, got the {type(name).__name__} {name!r}")
     key = name.strip().lower().replace("_", "-")
     key = {"sst-2": "sst2", "pos_ud": "pos-ud", "conll2003": "ner"}.get(key, key)
     if key in TASKS:
         return TASKS[key]
-    close = difflib.get_close_matches(key, list(TASKS), n=3, cutoff=0.5)
+    # a dataset's name holding several tasks: its tasks first (CoNLL-2003 is ner and pos, UD English pos-ud)
+    close = DATASET_TASKS.get(key.replace("-", "")) or difflib.get_close_matches(key, list(TASKS), n=3, cutoff=0.5)
     hint = f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
-    from ..failures import ArgumentError  # bad usage of --task (exit 2), a ValueError in Python
 
     raise ArgumentError("task", f"unknown task {name!r}{hint} (known tasks: {', '.join(TASKS)})")
