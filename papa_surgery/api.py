@@ -117,7 +117,7 @@ def calibrate(
             gives no examples.
         TypeError: an argument of the wrong type (a tokenizer that is not one, ``max_length="128"``...).
     """
-    from .workflow.preflight import check_max_length
+    from .arguments import check_max_length
 
     _model(model)
     _tokenizer(tokenizer)
@@ -389,8 +389,10 @@ def analyze(
         OutputExistsError: a folder appeared at ``out_dir`` while this ran (another run, the user): it is left
             as it was, and the finished result is kept beside it, at the path the error names.
     """
+    from .options import AnalyzeOptions, check_arguments
     from .workflow.analysis_job import analyze as run_analysis
 
     _model(model)
     _tokenizer(tokenizer)
+    options = check_arguments(options, AnalyzeOptions)  # max_examples=0 was said as a corpus with no examples
     return run_analysis(model, tokenizer, corpus, which, out_dir, overwrite=overwrite, **options)

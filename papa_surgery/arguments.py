@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from . import registry
-from .options import ArgumentError, ArgumentTypeError
+from .options import ArgumentError, ArgumentTypeError, spell
 
 
 def check_model(model) -> None:
@@ -43,19 +43,56 @@ def what(value) -> str:
     return "None" if value is None else f"the {type(value).__name__} {value!r}"[:120]
 
 
+def check_max_length(config, max_length: int, model_name: str, argument: str = "max_length") -> None:
+    """ArgumentError when ``max_length`` slots need more positions than the model has (before any work)."""
+    from .models.families import is_papa_config
+    from .models.loading import position_limit
+    from .models.sources import public_name_of
+
+    if is_papa_config(config):
+        return
+    limit = position_limit(config)
+    if limit is not None and max_length > limit:
+        raise ArgumentError(
+            argument,
+            f"{max_length} slots exceed the {limit} positions of {public_name_of(model_name)} "
+            f"(max_position_embeddings); pass {spell(argument, limit)} or less",
+        )
+
+
 def check_cell_options(model, options: dict) -> dict:
     """A probe's or fine-tuning cell's keyword arguments checked as ``probe``/``finetune`` check their flags: the
     counts and rates positive, ``max_length`` at least 4 and within ``model``'s positions, ``data_dir`` an existing
     folder, ``device`` one this machine has (a negative ``max_train_examples`` was a slice that dropped the last
     example)."""
     from .options import RunOptions, SweepOptions, check_arguments
-    from .workflow.preflight import check_max_length
 
     checked = check_arguments(options, SweepOptions, RunOptions)
     if checked.get("max_length") is not None:
         name = getattr(model.config, "_name_or_path", None) or "the model"
         check_max_length(model.config, checked["max_length"], name)
     return checked
+
+
+def check_fit_arguments(model, tokenizer, constants, heads, numbers: dict):
+    """``(constants, heads, numbers)`` of ``distill`` / ``sharpen`` checked before any work, naming the argument:
+    constants as :func:`check_constants` takes them (a file's path too), ``heads`` a list of ``[layer, head]``
+    pairs (``ranking.select(fraction)``), and ``numbers`` (steps, lr, batch_size, max_examples, seed, device)
+    as the command line checks its flags."""
+    from .options import CalibrationOptions, HealOptions, RunOptions, check_arguments
+
+    check_model(model)
+    check_tokenizer(tokenizer)
+    constants = check_constants(constants)
+    pairs = isinstance(heads, (list, tuple)) and all(
+        isinstance(h, (list, tuple)) and len(h) == 2 and all(isinstance(x, int) and not isinstance(x, bool) for x in h)
+        for h in heads
+    )
+    if not pairs:
+        raise ArgumentTypeError(
+            "heads", f"must be a list of [layer, head] pairs (e.g. ranking.select(0.5)), got {what(heads)}"
+        )
+    return constants, heads, check_arguments(numbers, HealOptions, RunOptions, CalibrationOptions)
 
 
 def check_constants(constants, method: str | None = None):
@@ -96,7 +133,7 @@ def tokenizer_of(model):
             raise ValueError("the model does not say where it was loaded from")
         if Path(name).is_dir() and not any((Path(name) / f).is_file() for f in TOKENIZER_FILES):
             raise ValueError(f"{name} holds no tokenizer files")  # AutoTokenizer would make an empty vocabulary
-        return AutoTokenizer.from_pretrained(name)
+        return AutoTokenizer.from_pretrained(name, trust_remote_code=False)  # never the interactive prompt
     except Exception as err:
         raise ArgumentError(
             "tokenizer",

@@ -216,24 +216,6 @@ DENSE_CALIBRATION_UP_TO = 512
 DEFAULT_KIND_UP_TO = DENSE_CALIBRATION_UP_TO  # convert's default kind: DEFAULT_CONVERT_KIND up to here, average above
 DTYPES = ("fp32", "fp16", "bf16")
 
-# The format version of each kind of file papa-surgery writes besides checkpoints (whose format the shipped code
-# gates): a file of a newer version is refused on load, one without a version is version 1.
-FILE_FORMATS = {"constants": 1, "ranking": 1}
-
-
-def check_file_format(what: str, found, path) -> None:
-    """ValueError when a ``what`` file (``constants``, ``ranking``) says a format newer than this library reads."""
-    known = FILE_FORMATS[what]
-    try:
-        version = 1 if found is None else int(found)
-    except (TypeError, ValueError):
-        raise ValueError(f"{what} file {str(path)!r} has a damaged format version {found!r}") from None
-    if version > known:
-        raise ValueError(
-            f"{what} file {str(path)!r} is of format {version}, newer than the {known} this papa-surgery reads: "
-            f"upgrade papa-surgery (pip install -U papa-surgery), or make the file again with this version"
-        )
-
 
 def _unknown(what: str, name, choices) -> ValueError:
     close = difflib.get_close_matches(str(name), list(choices), n=1)

@@ -305,6 +305,18 @@ def test_new_kinds_and_norm_ranking_through_convert_save_and_fresh_load(tiny, tm
     assert "ALL-OK" in result.stdout, result.stdout + result.stderr[-4000:]
 
 
+def test_analyze_names_a_bad_count_not_the_corpus(tiny, tmp_path):
+    """``max_examples=0`` was said as "the corpus ... has no usable examples: give one example per line"."""
+    from papa_surgery import analyze
+
+    model, tok = tiny.model("bert"), tiny.tokenizer("bert")
+    for given, error, words in [({"max_examples": 0}, ValueError, "max_examples: 0 is not in the range"),
+                                ({"max_length": "64"}, TypeError, "max_length: must be int")]:  # fmt: skip
+        with pytest.raises(error, match=words):
+            analyze(model, tok, CORPUS, "norms", tmp_path / "out", progress=False, **given)
+    assert not (tmp_path / "out").exists()
+
+
 @pytest.mark.parametrize("which", ["norms", "effective"])
 def test_analyze_writes_summaries_and_figures(tiny, tmp_path, which):
     from papa_surgery import Constants, Ranking, analyze

@@ -214,7 +214,14 @@ def test_distilled_kind_on_the_command_line(runner, source, corpus, tmp_path):
     assert result.exit_code == 0, result.output
     config = json.loads((out / "config.json").read_text())
     assert config["papa_kind"] == "distilled" and len(config["papa_constant_heads"]) == 4
-    assert "--distill-steps 2" in json.loads((out / "papa_recipe.json").read_text())["command"]
+    recipe = json.loads((out / "papa_recipe.json").read_text())
+    assert "--distill-steps 2" in recipe["command"]
+    # how it was distilled is recorded (only sharpened constants' fit was), and inspect and the card say it
+    fit = recipe["distilled"]
+    assert fit["steps"] == 2 and fit["objective"] == "layers" and "heads" not in fit and "loss_last_steps" in fit
+    shown = invoke(runner, "inspect", out).output
+    assert "kind            distilled (distilled for 2 steps (lr 0.01, objective layers), loss " in shown, shown
+    assert "distilled for 2 steps" in (out / "README.md").read_text()
 
 
 # --------------------------------------------------------------------------------- flags where users put them

@@ -407,8 +407,8 @@ def test_cli_convert_with_heal_steps_and_heal_a_checkpoint(tiny, tmp_path):
     assert "warm-up over 0 of the steps" in recipe["healing"]["schedule"] and "--heal-warmup 0.0" in recipe["command"]
     cosines = [f"{recipe['healing'][f'heldout_{t}']['sentence_cosine']:.4f}" for t in ("before", "after")]
     assert (
-        f"healed: full for 4 steps toward src on text file corpus.txt; held-out sentence cosine {cosines[0]} -> "
-        f"{cosines[1]}" in result.output
+        f"healed: full for 4 steps toward src on text file corpus.txt (64 of its examples trained on); held-out "
+        f"sentence cosine {cosines[0]} -> {cosines[1]}" in result.output
     ), result.output
     # heal an unhealed checkpoint: the teacher must be named (the source was a local folder)
     result = runner.invoke(main, [*convert_args, "--out", str(tmp_path / "b")])

@@ -248,6 +248,14 @@ def test_files_of_a_newer_format_are_refused(tiny, tmp_path):
     ranking.write_text(json.dumps({**data, "format_version": 2}))
     with pytest.raises(ValueError, match=r"ranking file .* of format 2, newer than the 1"):
         papa_surgery.Ranking.load(ranking)
+    for damaged in (0, -3, True, 1.9, "1", [1]):  # taken as 1 (or as a number) before, where checkpoints refuse them
+        ranking.write_text(json.dumps({**data, "format_version": damaged}))
+        with pytest.raises(ValueError, match=r"damaged format version .* \(a whole number from 1\)"):
+            papa_surgery.Ranking.load(ranking)
+    for damaged in ("0", "1.0", "x"):
+        save_file(tensors, str(path), metadata={**meta, "format_version": damaged})
+        with pytest.raises(ValueError, match=r"damaged format version"):
+            Constants.load(path)
     data.pop("format_version")
     ranking.write_text(json.dumps(data))
     assert papa_surgery.Ranking.load(ranking).order == papa_surgery.rank("random", constants=constants).order

@@ -57,3 +57,54 @@ def test_loading_a_checkpoint_runs_none_of_its_code_for_the_tokenizer_either(tmp
     model, _ = load_source(str(folder))
     assert type(model).__module__ == "papa_surgery.hub_code.modeling_papa"  # the library's class, not the folder's
     assert seen.get("trust_remote_code") is False  # and the tokenizer reads the config with it too, never asking
+
+
+def _code_that_marks(folder: Path, module: str, marker: Path) -> None:
+    (folder / f"{module}.py").write_text(f"import pathlib\npathlib.Path({str(marker)!r}).write_text('ran')\n")
+
+
+def test_heal_runs_no_code_of_a_teacher_the_checkpoints_recipe_names(tmp_path):
+    """``heal CKPT --trust-remote-code`` loaded the teacher its recipe named with the same trust: an edited recipe
+    naming a folder with code ran that code. A recorded source is a Hub id, never a path: a path is refused."""
+    import json
+
+    folder, _, _ = build_tiny_checkpoint(tmp_path / "ckpt")
+    teacher, marker = tmp_path / "teacher", tmp_path / "ran"
+    teacher.mkdir()
+    (teacher / "config.json").write_text(json.dumps({"model_type": "bert", "auto_map": {"AutoModel": "evil.Model"}}))
+    _code_that_marks(teacher, "evil", marker)
+    recipe = json.loads((folder / "papa_recipe.json").read_text())
+    recipe["source"] = {"hub_id": str(teacher)}
+    (folder / "papa_recipe.json").write_text(json.dumps(recipe))
+    args = ["heal", str(folder), "--trust-remote-code", "--steps", "1", "--out", str(tmp_path / "out")]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 2 and "not a Hub id" in result.output and "--teacher" in result.output, result.output
+    assert not marker.exists() and not (tmp_path / "out").exists()
+
+
+def test_save_without_a_tokenizer_never_asks_to_run_a_tokenizers_code(tmp_path, monkeypatch):
+    """``save(model)`` found the tokenizer of the folder the model came from with ``AutoTokenizer`` left to ask
+    "run the custom code? [y/N]" on a terminal; such a tokenizer is refused, naming ``tokenizer``, and none runs."""
+    import json
+    import shutil
+
+    import pytest
+
+    import papa_surgery
+    from papa_surgery.options import ArgumentError
+
+    folder, papa, _ = build_tiny_checkpoint(tmp_path / "ckpt")
+    tok_folder, marker = tmp_path / "tok", tmp_path / "ran"
+    shutil.copytree(folder, tok_folder, ignore=shutil.ignore_patterns("*.py", "*.safetensors"))  # its tokenizer
+    config = {"tokenizer_class": "EvilTokenizer", "auto_map": {"AutoTokenizer": ["evil_tok.EvilTokenizer", None]}}
+    (tok_folder / "tokenizer_config.json").write_text(json.dumps(config))
+    _code_that_marks(tok_folder, "evil_tok", marker)
+    papa.config._name_or_path = str(tok_folder)
+    import transformers
+
+    seen, real = [], transformers.AutoTokenizer.from_pretrained
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", lambda *a, **k: seen.append(k) or real(*a, **k))
+    with pytest.raises(ArgumentError, match="tokenizer: none given"):
+        papa_surgery.save(papa, tmp_path / "out")
+    assert not marker.exists() and not (tmp_path / "out").exists()
+    assert seen and all(k.get("trust_remote_code") is False for k in seen)  # None asks on a terminal

@@ -330,3 +330,18 @@ def test_a_sweep_says_how_many_rows_it_added_and_its_file_holds(tiny_folder, tmp
     result = CliRunner().invoke(main, [*args, "--seeds", "1", "--max-length", "32", "--out", str(out)])
     assert result.exit_code == 0, result.output
     assert f"2 rows of this sweep (2 new) in {out}, which holds 5 rows" in result.output
+
+
+def test_one_cell_in_two_files_with_other_scores_is_said(tmp_path, caplog):
+    """``report a.jsonl b.jsonl`` kept b's row of a cell and seed that a.jsonl held too, with another score, and
+    said nothing: the mean mixed two measurements. A row repeated as it was (the same file twice) says nothing."""
+    rows = [_row("sst2", f, seed, 0.8 - f / 4) for f in (0.0, 1.0) for seed in (0, 1)]
+    first = _write(tmp_path / "a.jsonl", rows)
+    other = _write(tmp_path / "b.jsonl", [{**rows[0], "score": 0.1}])
+    with caplog.at_level("WARNING", logger="papa_surgery"):
+        write_report([first, first], tmp_path / "same")
+    assert "more than one results file" not in caplog.text
+    with caplog.at_level("WARNING", logger="papa_surgery"):
+        write_report([first, other], tmp_path / "mixed")
+    said = [r.getMessage() for r in caplog.records if "more than one results file" in r.getMessage()]
+    assert len(said) == 1 and "1 cell(s)" in said[0] and "0.8 in a.jsonl, 0.1 in b.jsonl" in said[0], said

@@ -104,11 +104,19 @@ def test_fraction_0_is_the_source_and_bad_steps_are_refused(tiny, average):
     enc = tok(["the movie was good", "a film"], padding=True, return_tensors="pt")
     with torch.no_grad():
         assert torch.allclose(papa(**enc)[0], model(**enc)[0], atol=1e-6, rtol=0)
-    for bad in (0, 2.5, True):
-        with pytest.raises(ValueError, match=r"steps: must be a positive integer"):
+    for bad, error, words in ((0, ValueError, "steps: 0 is not in the range"), (2.5, TypeError, "steps: must be int"),
+                              (True, TypeError, "steps: must be int")):  # fmt: skip
+        with pytest.raises(error, match=words):
             _per_head(tiny, average, steps=bad)
-    with pytest.raises(ValueError, match=r"lr: must be positive"):
+    with pytest.raises(ValueError, match=r"lr: 0.0 is not in the range"):
         _per_head(tiny, average, lr=0.0)
+    for bad, words in (("c.safetensors", "constants file 'c.safetensors' does not exist"),
+                       (None, "constants: must be Constants"), ("all", None), (0.5, None)):  # fmt: skip
+        arguments = {"heads": bad} if words is None else {"constants": bad}
+        with pytest.raises((TypeError, FileNotFoundError), match=words or r"heads: must be a list of \[layer, head\]"):
+            sharpen(model, tok, SENTENCES, arguments.get("constants", average), arguments.get("heads", HEADS))
+    with pytest.raises(TypeError, match=r"lr: must be int or float, got the str '0.01'"):
+        papa_surgery.distill(model, tok, SENTENCES, average, HEADS, lr="0.01")
     with pytest.raises(ValueError, match=r"search: must be one of per-head, walk, grid, got 'heads'"):
         sharpen(model, tok, SENTENCES, average, HEADS, search="heads")
 

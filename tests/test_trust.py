@@ -169,6 +169,11 @@ def test_a_compact_checkpoint_without_a_format_computes_as_format_1(tmp_path, ti
     edit_config(folder, papa_format_version=None)
     unstated, _ = papa_surgery.load(str(folder))
     assert [compact_layout(m).clamped for m in (stated, unstated)] == [False, True]
+    # a newer format: inspect says that, not five shape problems of compact parts it reads as this format's
+    edit_config(folder, papa_format_version=99)
+    inspected = CliRunner().invoke(main, ["inspect", str(folder)])
+    assert inspected.exit_code == 1 and inspected.output.count("PROBLEM") == 1, inspected.output
+    assert "format v99" in inspected.output and "do not match" not in inspected.output
 
 
 def compact_layout(model):
@@ -254,6 +259,51 @@ def test_asking_for_the_folder_code_runs_it(checkpoint, built, tmp_path):
     assert type(model).__module__.startswith("transformers_modules.")
     assert set(marker.read_text().split()) == {"modeling_papa.py", "configuration_papa.py"}
     torch.testing.assert_close(outputs(model, tok), outputs(papa, tokenizer), atol=0, rtol=0)
+
+
+AFTER_A_LOAD = textwrap.dedent(
+    """
+    import json, sys, warnings
+    warnings.simplefilter("ignore")
+    import transformers
+    import papa_surgery
+    papa_surgery.load(sys.argv[1])  # the library's classes, for this load only
+    model = transformers.AutoModel.from_pretrained(sys.argv[2], trust_remote_code=True)
+    print(json.dumps({"module": type(model).__module__}))
+    """
+)
+
+
+def test_a_papa_surgery_load_leaves_transformers_to_run_the_code_a_user_asks_for(checkpoint, built, tmp_path):
+    """After ``papa_surgery.load(ckpt)`` the library's classes stayed registered with transformers, which prefers them
+    to a folder's code: the user's own ``AutoModel.from_pretrained(other, trust_remote_code=True)`` in the same
+    process ran papa-surgery's classes, not the checkpoint's, and refused a newer format its own code reads."""
+    marker = tmp_path / "ran.txt"
+    plant_marker(checkpoint, marker)
+    result = fresh_python(AFTER_A_LOAD, str(built[0]), str(checkpoint), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert json.loads(result.stdout.strip().splitlines()[-1])["module"].startswith("transformers_modules.")
+    assert set(marker.read_text().split()) == {"modeling_papa.py", "configuration_papa.py"}
+
+
+def test_finetune_trains_the_checkpoints_own_code_when_asked_to_run_it(checkpoint, tmp_path, monkeypatch):
+    """``finetune --trust-remote-code`` ran the folder's code to load it, then trained papa-surgery's own class."""
+    import transformers
+
+    data = tmp_path / "data" / "glue" / "sst2"
+    data.mkdir(parents=True)
+    rows = [("the papa model is constant", 1), ("a text of attention heads", 0)] * 8
+    for split in ("train", "dev"):
+        (data / f"{split}.tsv").write_text("sentence\tlabel\n" + "".join(f"{s}\t{y}\n" for s, y in rows))
+    trained, init = [], transformers.Trainer.__init__
+    monkeypatch.setattr(
+        transformers.Trainer, "__init__", lambda self, *a, **k: trained.append(k["model"]) or init(self, *a, **k)
+    )  # noqa: E501
+    for trust in (True, False):
+        model, tok = papa_surgery.load(str(checkpoint), trust_remote_code=trust)
+        papa_surgery.finetune(model, tok, "sst2", data_dir=str(tmp_path / "data"), epochs=1, progress=False)
+    shipped, own = (type(m).__module__ for m in trained)
+    assert shipped.startswith("transformers_modules.") and own == "papa_surgery.hub_code.modeling_papa"
 
 
 def test_a_folder_that_ships_no_code_cannot_be_asked_to_run_it(checkpoint):

@@ -7,7 +7,7 @@ healing, sweeps and figures call the methods below and never ask which storage t
 something (dense matrices of constants stored compact at a long L) says so in one sentence naming the fix.
 
 Files: one safetensors file for either storage (``format: papa-constants``, ``storage: dense | compact``), with a
-format version (:data:`papa_surgery.registry.FILE_FORMATS`) checked on load.
+format version (:data:`papa_surgery.file_formats.FILE_FORMATS`) checked on load.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 
 from .. import registry
+from ..file_formats import FILE_FORMATS, check_file_format
 from .fingerprint import Compatibility
 
 FILE_FORMAT = "papa-constants"
@@ -116,7 +117,7 @@ class ConstantsBase(Compatibility):
         """The metadata every constants file carries, whatever its storage."""
         return {
             "format": FILE_FORMAT,
-            "format_version": str(registry.FILE_FORMATS["constants"]),
+            "format_version": str(FILE_FORMATS["constants"]),
             "storage": self.storage,
             "kind": self.kind,
             "max_length": str(self.max_length),
@@ -151,7 +152,7 @@ class ConstantsBase(Compatibility):
             raise ValueError(f"{str(path)!r} is not a safetensors constants file ({hint}): {err}") from err
         if meta.get("format") != FILE_FORMAT:
             raise ValueError(f"{str(path)!r} is not a PAPA constants file ({hint})")
-        registry.check_file_format("constants", meta.get("format_version"), path)
+        check_file_format("constants", meta.get("format_version"), path)
         try:
             return ConstantsBase.storage_class(meta.get("storage", "dense")).from_file(tensors, meta)
         except KeyError as err:

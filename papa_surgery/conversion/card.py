@@ -13,11 +13,11 @@ from pathlib import Path
 from .. import report
 from .description import (
     calibrated_on_text,
+    fit_note,
     format_coverage,
     offset_profile_text,
     ranking_text,
     sentence_transformers_text,
-    sharpness_text,
     shorter_than_source_text,
 )
 from .healed import healing_table
@@ -174,7 +174,7 @@ def render_card(
         fraction_text="?" if fraction is None else f"{fraction:.4g}",
         kind=d["kind"],
         constants_origin=constants_origin(d["kind"]),
-        kind_note=f" ({sharpness_text(d['sharpened'])})" if d.get("sharpened") else "",
+        kind_note=fit_note(d),
         method=ranking_text(d),
         max_length=int(d["max_length"]),
         shorter_text=shorter_than_source_text(d),

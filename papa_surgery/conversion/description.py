@@ -52,6 +52,20 @@ def sharpness_text(fit: dict) -> str:
     return f"exponent per {'head, layer' if per_head else 'layer'} {exponents or 'none'}{change}"
 
 
+def distillation_text(fit: dict) -> str:
+    """``distilled for 200 steps (lr 0.01, objective layers), loss 0.41 -> 0.33``."""
+    first, last = fit.get("loss_first_steps"), fit.get("loss_last_steps")
+    change = f", loss {first:.3g} -> {last:.3g}" if first is not None and last is not None else ""
+    return f"distilled for {fit.get('steps')} steps (lr {fit.get('lr')}, objective {fit.get('objective')}){change}"
+
+
+def fit_note(d: dict) -> str:
+    """How the checkpoint's trained constants were fitted, in brackets after the kind (empty for other kinds)."""
+    if d.get("sharpened"):
+        return f" ({sharpness_text(d['sharpened'])})"
+    return f" ({distillation_text(d['distilled'])})" if d.get("distilled") else ""
+
+
 def format_description(d: dict) -> str:
     """Human-readable text of ``describe``'s dict (what ``papa-surgery inspect DIR`` prints)."""
     fraction = d["fraction"]
@@ -63,7 +77,7 @@ def format_description(d: dict) -> str:
         f"  source          {_source_text(d)}",
         f"  constant heads  {d['num_constant_heads']} of {d['num_heads_total']}"
         + (f" (fraction {fraction:.4g})" if fraction is not None else ""),
-        f"  kind            {d['kind']}" + (f" ({sharpness_text(d['sharpened'])})" if d.get("sharpened") else ""),
+        f"  kind            {d['kind']}{fit_note(d)}",
         f"  ranking         {ranking_text(d)}",
         f"  slots (L)       {d['max_length']}   dtype {d['constants_dtype']}"
         + f"   storage {d['constants_storage']}"

@@ -33,6 +33,8 @@ def healing_line(record: dict | None) -> str | None:
         cosines = f"; held-out sentence cosine {before['sentence_cosine']:.4f} -> {after['sentence_cosine']:.4f}"
     frozen = " (constants frozen)" if record.get("freeze_constants") else ""
     on = f" on {record['corpus']}" if record.get("corpus") else ""  # healing's corpus need not be calibration's
+    if record.get("training_examples"):  # what it trained on: --max-examples and --heldout take from the corpus
+        on += f" ({record['training_examples']:,} of its examples trained on)"
     return f"{record.get('train')}{frozen} for {record.get('steps')} steps toward {record.get('teacher')}{on}{cosines}"
 
 

@@ -224,6 +224,7 @@ def describe(folder) -> dict:
         "grid": grid,
         "kind": config.get("papa_kind") or recipe.get("kind"),
         "sharpened": recipe.get("sharpened"),
+        "distilled": recipe.get("distilled"),
         "method": config.get("papa_method") or ranking.get("method"),
         "ranking_provenance": ranking.get("provenance"),
         "max_length": config.get("papa_max_length"),
@@ -312,8 +313,8 @@ def checkpoint_problems(folder: Path, config: dict, num_layers: int, num_heads: 
     problems = []
     try:
         format_of(config)
-    except CheckpointFormatError as err:
-        problems.append(str(err))
+    except CheckpointFormatError as err:  # the checks below read this format: of another they would only mislead
+        return [str(err)]
     raw = config.get("papa_constant_heads")
     if not isinstance(raw, list):
         problems.append(f"papa_constant_heads is {json.dumps(raw)}, not a list of [layer, head] pairs")

@@ -66,8 +66,10 @@ def build_recipe(model, constants: Constants, ranking=None, command: str | None 
 
 
 def _fitted(metadata: dict) -> dict:
-    """How ``sharpened`` constants were fitted (each layer's exponent, the objective before and after)."""
-    fit = metadata.get("sharpened")
-    if not fit:
-        return {}
-    return {"sharpened": {k: v for k, v in fit.items() if k != "heads"}}
+    """How trained constants were fitted: ``sharpened`` (each layer's exponent, the objective before and after) or
+    ``distilled`` (steps, learning rate, objective, corpus, the loss at the start and the end)."""
+    return {
+        kind: {k: v for k, v in fit.items() if k != "heads"}
+        for kind in ("sharpened", "distilled")
+        if (fit := metadata.get(kind))
+    }

@@ -223,7 +223,10 @@ def read_rows(path: str | Path, repair: bool = False) -> list[dict]:
                         if isinstance(err, UnicodeDecodeError)
                         else "is not JSON"
                     )
-                    raise ValueError(f"{path}: line {i + 1} {what}; fix or remove it to resume") from None
+                    raise ValueError(
+                        f"{path}: line {i + 1} {what}; fix or remove that line (a results file holds one JSON row "
+                        "per line)"
+                    ) from None
                 logger.warning("%s: dropping a torn last line (an interrupted write)", path)
                 if repair:
                     with open(path, "r+b") as f:

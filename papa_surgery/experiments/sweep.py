@@ -61,7 +61,7 @@ class _Cells:
         from ..models.families import get_family
 
         art, cfg = self.art, self.art.config
-        from ..workflow.preflight import check_max_length
+        from ..arguments import check_max_length
 
         get_family(art.model)
         for task in tasks:

@@ -9,6 +9,7 @@ buffers unless ``trainable_constants``.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import tempfile
 import time
@@ -19,7 +20,7 @@ import torch
 
 from ..distributed import broadcast_from_main, is_main_process, world_size
 from ..models.families import is_papa_config
-from ..models.papa_classes import register_papa_classes
+from ..models.papa_classes import papa_classes
 from ..options import ArgumentError, FinetuneOptions, spell
 from ..probing.features import token_ids
 from ..probing.run import slot_count
@@ -156,16 +157,19 @@ def finetune(
     names = list(task.label_names)
     set_seed(seed)  # the fresh head's initialisation
     extra = {"papa_trainable_constants": True} if opts.trainable_constants else {}
-    if is_papa_config(model.config):  # the folder papa-surgery just wrote is read by its own classes, not its files
-        register_papa_classes(model.config.model_type)
-    net = head_class.from_pretrained(
-        folder,
-        num_labels=task.num_labels,
-        id2label=dict(enumerate(names)),
-        label2id={n: i for i, n in enumerate(names)},
-        trust_remote_code=False,
-        **extra,
-    )
+    # The folder just written is read by the classes the model was loaded with: papa-surgery's own (registered for
+    # this load only), or the checkpoint's code a user asked to run (--trust-remote-code), which it saved beside.
+    shipped = is_papa_config(model.config) and not type(model).__module__.startswith("papa_surgery.")
+    own = is_papa_config(model.config) and not shipped
+    with papa_classes(model.config.model_type) if own else contextlib.nullcontext():
+        net = head_class.from_pretrained(
+            folder,
+            num_labels=task.num_labels,
+            id2label=dict(enumerate(names)),
+            label2id={n: i for i, n in enumerate(names)},
+            trust_remote_code=shipped,
+            **extra,
+        )
     trainable, total = parameter_counts(net)
 
     def compute_metrics(output):

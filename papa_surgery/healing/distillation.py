@@ -72,14 +72,15 @@ def distill(
         ``Constants`` of kind ``distilled``, with the counts and variance of ``constants`` and the run's settings
         and loss before/after in ``metadata["distilled"]``.
     """
+    from ..arguments import check_fit_arguments
     from .loop import LoopSettings, train
     from .objective import Objective
     from .trainable import prepare
 
+    numbers = dict(steps=steps, lr=lr, batch_size=batch_size, seed=seed, max_examples=max_examples, device=device)
+    constants, heads, _ = check_fit_arguments(model, tokenizer, constants, heads, numbers)
     if objective not in OBJECTIVES:
         raise ValueError(f"unknown distillation objective {objective!r}; choose one of {', '.join(OBJECTIVES)}")
-    if steps < 1:
-        raise ValueError(f"steps must be at least 1, got {steps}")
     constants = constants.to_dense()  # trained as dense (L, L) matrices
     corpus = load_corpus(corpus, pairs=constants.pairs, max_examples=max_examples)
     heads = normalize_heads(heads, constants.num_layers, constants.num_heads)

@@ -56,12 +56,13 @@ def teacher_name(papa, teacher: str | None = None) -> str:
     The embedded all-MiniLM-L6-v2 stands for its Hub id when the Hub cannot be reached.
 
     Raises:
-        ArgumentError: no teacher given and none recorded (a source converted from a local folder).
+        ArgumentError: no teacher given and none recorded (a source converted from a local folder), or a recorded
+            source that is not a Hub id (a path: papa-surgery never records one).
     """
     from huggingface_hub import constants
 
     from ..failures import ArgumentError, spell
-    from ..models.loading import hub_reachable
+    from ..models.loading import hub_reachable, is_hub_id
     from ..models.sources import EMBEDDED_HUB_ID, embedded_model_path
 
     if teacher:
@@ -76,6 +77,12 @@ def teacher_name(papa, teacher: str | None = None) -> str:
             "teacher",
             f"the PAPA model does not name a public source to heal toward; pass it with {spell('teacher')} "
             "(the source model's folder or Hub id)",
+        )
+    if not is_hub_id(name):  # papa-surgery records a Hub id, never a path: an edited recipe must not pick a folder
+        raise ArgumentError(
+            "teacher",
+            f"the PAPA model's recipe names {name!r} as its source, which is not a Hub id; pass the source model "
+            f"with {spell('teacher')} (its folder or Hub id)",
         )
     if name == EMBEDDED_HUB_ID and (constants.HF_HUB_OFFLINE or not hub_reachable()):
         try:

@@ -126,15 +126,15 @@ def sharpen(
         ``per-head`` the exponent per head (``{layer: {head: p}}``; empty where the average was kept) and each step's
         loss (``losses``), and the ``layers`` objective on the fitting text before (the average) and after.
     """
+    from ..arguments import check_fit_arguments
+
+    numbers = dict(steps=steps, lr=lr, batch_size=batch_size, max_examples=max_examples, device=device)
+    constants, heads, _ = check_fit_arguments(model, tokenizer, constants, heads, numbers)
     grid = tuple(sorted({float(p) for p in grid} | {1.0}))
     if any(p <= 0 for p in grid):
         raise ValueError(f"grid: exponents must be positive, got {grid}")
     if search not in SEARCHES:
         raise ValueError(f"search: must be one of {', '.join(SEARCHES)}, got {search!r}")
-    if search == PER_HEAD and (isinstance(steps, bool) or not isinstance(steps, int) or steps < 1):
-        raise ValueError(f"steps: must be a positive integer, got {steps!r}")
-    if search == PER_HEAD and not lr > 0:
-        raise ValueError(f"lr: must be positive, got {lr!r}")
     constants = constants.to_dense().fill()  # what convert uses: the fitted model is the one a user converts
     heads = normalize_heads(heads, constants.num_layers, constants.num_heads)
     corpus = load_corpus(corpus, pairs=constants.pairs, max_examples=max_examples)

@@ -75,7 +75,7 @@ def load_config(
     from transformers import AutoConfig
 
     from ..hub_code.checkpoint_format import CheckpointFormatError
-    from .papa_classes import is_papa_model_type, library_format_error, register_papa_classes, shipped_config_class
+    from .papa_classes import is_papa_model_type, library_format_error, papa_classes, shipped_config_class
 
     if local_files_only is None:
         local_files_only = check_model_location(name_or_path)
@@ -87,7 +87,8 @@ def load_config(
         elif trust_remote_code:
             config = shipped_config_class(name_or_path, config_dict, **hub).from_pretrained(name_or_path, **hub)
         else:
-            config = register_papa_classes(config_dict["model_type"]).from_pretrained(name_or_path, **hub)
+            with papa_classes(config_dict["model_type"]) as config_class:
+                config = config_class.from_pretrained(name_or_path, **hub)
     except OSError as err:  # not on the Hub, not in the cache, no config.json
         raise ValueError(_not_found(name_or_path, err, local_files_only)) from err
     except CheckpointFormatError as err:  # papa-surgery's classes cannot read it: refused, never run by other code
@@ -114,6 +115,11 @@ def _config_dict(name_or_path: str, hub: dict) -> dict:
 
 
 EMBEDDED_NAMES = ("minilm", "embedded")
+
+
+def is_hub_id(name: str) -> bool:
+    """Whether ``name`` reads as a Hub model id (``org/name`` or ``name``), not a path."""
+    return not _looks_local(name) and bool(_HUB_ID.match(name))
 
 
 def _looks_local(name: str) -> bool:
@@ -254,10 +260,25 @@ def load_source(
     unless ``trust_remote_code=True`` asks for them (see :mod:`.papa_classes`); a source model's remote code, too,
     runs only then.
     """
-    import transformers
+    import contextlib
+
+    from .papa_classes import is_papa_model_type, papa_classes
 
     local_only = check_model_location(name_or_path)
     config = load_config(name_or_path, revision, local_files_only=local_only, trust_remote_code=trust_remote_code)
+    own = is_papa_model_type(config.model_type) and not trust_remote_code
+    with papa_classes(config.model_type) if own else contextlib.nullcontext():  # registered for this load only
+        model, tokenizer = _model_and_tokenizer(name_or_path, config, auto_class, revision, dtype, trust_remote_code,
+                                                local_only, model_kwargs)  # fmt: skip
+    if device is not None:
+        model.to(device)
+    return model.eval(), tokenizer
+
+
+def _model_and_tokenizer(name_or_path, config, auto_class, revision, dtype, trust_remote_code, local_only, kwargs):
+    """The model of ``config`` and its tokenizer (``kwargs``: the model's), as :func:`load_source` describes."""
+    import transformers
+
     cls = getattr(transformers, auto_class)
     # The config object decides whose classes build the model: the library's registered ones, or (opted in) those of
     # the checkpoint's own code, which transformers imports for a config class it has no registered model for.
@@ -269,7 +290,7 @@ def load_source(
         trust_remote_code=trust_remote_code,
         output_loading_info=True,
         local_files_only=local_only,
-        **model_kwargs,
+        **kwargs,
     )
     _warn_unrun_code(name_or_path, config, model, auto_class, trust_remote_code)
     prefix = getattr(model, "base_model_prefix", "") + "."
@@ -286,6 +307,4 @@ def load_source(
     tokenizer = transformers.AutoTokenizer.from_pretrained(
         name_or_path, revision=revision, trust_remote_code=trust_remote_code, local_files_only=local_only
     )
-    if device is not None:
-        model.to(device)
-    return model.eval(), tokenizer
+    return model, tokenizer

@@ -4,7 +4,8 @@ A PAPA checkpoint ships its model code (``modeling_papa.py`` and its siblings) f
 transformers runs it with ``trust_remote_code=True``. papa-surgery never needs to: its ``hub_code`` is that code, at
 the installed version. :func:`register_papa_classes` registers it for the checkpoint family's ``papa_*`` model type
 with transformers' auto classes (``AutoConfig.register``, ``AutoModel*.register``), so ``from_pretrained`` of a PAPA
-folder or Hub id builds the library's classes with no ``trust_remote_code`` and never imports the folder's files.
+folder or Hub id builds the library's classes with no ``trust_remote_code`` and never imports the folder's files;
+:func:`papa_classes` does so for the length of a load only, leaving transformers as the user had it.
 Those classes read the checkpoint through the format gate (``hub_code/checkpoint_format.py``): a format newer than
 this papa-surgery knows is refused (:func:`library_format_error` says how to get on), never handed to other code.
 
@@ -14,6 +15,9 @@ prefers registered classes to a folder's code even when ``trust_remote_code=True
 """
 
 from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
 
 from .. import __version__
 from ..failures import spell
@@ -45,6 +49,39 @@ def register_papa_classes(model_type: str) -> type:
         model_class = papa_model_class(family.model_type, auto_class)
         getattr(transformers, auto_class).register(config_class, model_class, exist_ok=True)
     return config_class
+
+
+@contextlib.contextmanager
+def papa_classes(model_type: str) -> Iterator[type]:
+    """:func:`register_papa_classes` for the ``with`` block only; its config class.
+
+    Afterwards transformers' auto mappings hold what they held before. Left registered, the library's classes
+    answered a user's own ``AutoModel.from_pretrained(checkpoint, trust_remote_code=True)`` later in the same
+    process (transformers prefers a registered class to a folder's code): the checkpoint's code never ran, and a
+    checkpoint of a newer format, which its own code reads, was refused.
+    """
+    import transformers
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    from ..hub_code.configuration_papa import papa_config_class
+
+    family = family_for(model_type)
+    config_class = papa_config_class(family.model_type)
+    places = [(CONFIG_MAPPING, family.papa_model_type)]
+    places += [(getattr(transformers, a)._model_mapping, config_class) for a in family.auto_classes]
+    places = [(getattr(mapping, "_extra_content", None), key) for mapping, key in places]
+    before = [(extra, key, extra.get(key, _MISSING)) for extra, key in places if extra is not None]
+    try:
+        yield register_papa_classes(model_type)
+    finally:
+        for extra, key, value in before:
+            if value is _MISSING:
+                extra.pop(key, None)
+            else:
+                extra[key] = value
+
+
+_MISSING = object()
 
 
 def shipped_config_class(name_or_path: str, config_dict: dict, **hub_kwargs) -> type:

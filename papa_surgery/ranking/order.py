@@ -99,7 +99,7 @@ class Ranking:
         from ..outputs.staging import staged_file
 
         path = check_file(path, overwrite, "ranking", argument="path")
-        from ..registry import FILE_FORMATS
+        from ..file_formats import FILE_FORMATS
 
         header = {"format": "papa-ranking", "format_version": FILE_FORMATS["ranking"]}
         text = json.dumps({**header, **asdict(self)}, indent=2) + "\n"
@@ -131,7 +131,7 @@ class Ranking:
             raise ValueError(f"ranking file {str(path)!r} is not JSON: {err}") from None
         if not isinstance(data, dict) or data.pop("format", None) != "papa-ranking":
             raise ValueError(f"{str(path)!r} is not a papa-surgery ranking ({hint})")
-        from ..registry import check_file_format
+        from ..file_formats import check_file_format
 
         check_file_format("ranking", data.pop("format_version", None), path)
         return cls(**_checked_fields(data, path))

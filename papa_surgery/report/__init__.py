@@ -12,7 +12,15 @@ from pathlib import Path
 
 from .figures import plot_constants, plot_drop, plot_finetuned, plot_fractions, plot_methods
 from .finetuned import cost_summary, split_protocols, table_finetuned
-from .stats import GROUP_FIELDS, METHOD_PREFERENCE, load_results, relative_drops, summarize, t_critical
+from .stats import (
+    GROUP_FIELDS,
+    METHOD_PREFERENCE,
+    group_key,
+    load_results,
+    relative_drops,
+    summarize,
+    t_critical,
+)
 from .tables import corpus_label, markdown_table, table_all, table_corpora, table_kinds
 from .tensors import constant_matrices
 
@@ -67,7 +75,9 @@ def write_report(results_path, out_dir, constants=None, *, overwrite: bool = Fal
     out_dir = Path(out_dir)
     check_output_folder(out_dir, overwrite, "report")
     paths = [results_path] if isinstance(results_path, (str, Path)) else list(results_path)
-    all_rows = [row for path in paths for row in load_results(path)]
+    per_file = [load_results(path) for path in paths]
+    _warn_repeated_cells(paths, per_file)
+    all_rows = [row for rows in per_file for row in rows]
     names = ", ".join(f"`{Path(p).name}`" for p in paths)
     if not any(r.get("score") is not None for r in all_rows):
         raise ValueError(f"{names} holds no results")
@@ -76,6 +86,34 @@ def write_report(results_path, out_dir, constants=None, *, overwrite: bool = Fal
     with staged_dir(out_dir, overwrite=overwrite, check=check) as staging:
         written = _write(all_rows, probed, tuned, names, staging, constants)
     return [out_dir / path.name for path in written]
+
+
+def _warn_repeated_cells(paths: list, per_file: list[list[dict]]) -> None:
+    """Warn when one cell and seed is in more than one file with another score or example count: the report keeps
+    the last file's row (a seed counts once), so the other file's is left out of the mean and its interval."""
+    import logging
+
+    from ..experiments.results import protocol
+
+    first: dict[tuple, tuple] = {}  # (cell, protocol, seed) -> (file, score, example counts)
+    clashes = []
+    for path, rows in zip(paths, per_file, strict=True):
+        for row in rows:
+            if row.get("score") is None:
+                continue
+            key = (*group_key(row), protocol(row), int(row.get("seed", 0)))
+            seen = (Path(path).name, row["score"], (row.get("examples"), row.get("eval_examples")))
+            earlier = first.setdefault(key, seen)
+            if earlier[0] != seen[0] and earlier[1:] != seen[1:]:
+                clashes.append((key, earlier, seen))
+    if clashes:
+        key, earlier, later = clashes[0]
+        logging.getLogger("papa_surgery").warning(
+            "%d cell(s) and seed(s) are in more than one results file with other scores or example counts; the "
+            "report keeps the last file's row (e.g. %s %s at fraction %s, seed %s: %s in %s, %s in %s); report "
+            "such files apart",
+            len(clashes), key[1], key[3], key[5], key[7], earlier[1], earlier[0], later[1], later[0],
+        )  # fmt: skip
 
 
 def _write(all_rows, probed, tuned, names: str, out_dir: Path, constants) -> list[Path]:

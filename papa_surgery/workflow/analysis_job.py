@@ -53,9 +53,9 @@ def run_analyze(
     overwrite: bool = False,
 ) -> Path:
     """``papa-surgery analyze``: an analysis folder (summary, corpus-average constants, figures, ranking)."""
+    from ..arguments import check_max_length
     from ..outputs.overwrite import check_output_folder
     from .jobs import _source, _workflow
-    from .preflight import check_max_length
 
     target = Path(out)
     check_output_folder(target, overwrite, "analysis", argument="out")  # before the model loads

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import logging
 import math
+from dataclasses import replace
 from pathlib import Path
 
 from .. import registry
+from ..arguments import check_max_length
 from ..distributed import agree, is_main_process, on_main
 from ..options import (
     ArgumentError,
@@ -28,7 +30,6 @@ from ..options import (
 from ..options.kind_options import check_kind_options
 from .corpora import check_healing_corpus, open_corpus, open_healing_corpus
 from .preflight import (
-    check_max_length,
     check_output_file,
     check_pairs_fit,
     check_source_config,
@@ -279,9 +280,11 @@ def run_heal(
     student, tokenizer = load_model(checkpoint, run)
     student.papa_recipe = _recipe_of(path)
     teacher = teacher_name(student, heal.teacher)
-    _, teacher_config, source, _ = _source(teacher, run.trust_remote_code)
+    # --trust-remote-code is for the models the user named: a teacher the checkpoint's recipe names runs no code
+    teacher_run = run if heal.teacher else replace(run, trust_remote_code=False)
+    _, teacher_config, source, _ = _source(teacher, teacher_run.trust_remote_code)
     check_source_config(teacher_config, teacher)
-    flow = _workflow(teacher, run, source, progress)
+    flow = _workflow(teacher, teacher_run, source, progress)
     state = state_path(out_dir)
     healed = flow.heal(student, corpus, heal, max_examples=cal.max_examples, state_path=state)
     healed.papa_recipe["healing"]["command"] = command

@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 
 from .. import registry
-from ..models.sources import public_name_of
 from ..options import ArgumentError, RankOptions, spell
 
 
@@ -24,22 +23,6 @@ def write_output(out: Path, overwrite: bool, kind: str, save) -> None:
 
     with staged_file(out, overwrite=overwrite, check=lambda target: check_output_file(target, overwrite, kind)) as tmp:
         save(tmp)
-
-
-def check_max_length(config, max_length: int, model_name: str, argument: str = "max_length") -> None:
-    """ArgumentError when ``max_length`` slots need more positions than the model has (before any work)."""
-    from ..models.families import is_papa_config
-    from ..models.loading import position_limit
-
-    if is_papa_config(config):
-        return
-    limit = position_limit(config)
-    if limit is not None and max_length > limit:
-        raise ArgumentError(
-            argument,
-            f"{max_length} slots exceed the {limit} positions of {public_name_of(model_name)} "
-            f"(max_position_embeddings); pass {spell(argument, limit)} or less",
-        )
 
 
 def check_source_config(config, model_name: str) -> None:
