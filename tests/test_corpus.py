@@ -182,3 +182,16 @@ def test_a_corpus_is_known_by_its_text_not_by_where_or_when_it_was_opened(tmp_pa
     a, b, c = (load_corpus(tmp_path / f / "train.txt") for f in "abc")
     assert a.key() == b.key() != c.key() and a.description == c.description
     assert load_corpus(["x", "y"]).key() != load_corpus(["x", "z"]).key()
+
+
+def test_a_tsv_file_is_read_as_a_table_of_columns(tmp_path):
+    """A GLUE-style .tsv was read as one example per line: its header, labels, ids and tabs went into the constants.
+    Its text column is read; a table with none of the usual names is refused naming its columns."""
+    (tmp_path / "sst2.tsv").write_text('sentence\tlabel\nit \'s a "charming" journey .\t1\na dull film\t0\n')
+    assert list(load_corpus(tmp_path / "sst2.tsv")) == ['it \'s a "charming" journey .', "a dull film"]
+    (tmp_path / "mrpc.tsv").write_text("Quality\t#1 ID\t#2 ID\t#1 String\t#2 String\n1\t7\t8\tone text\tother text\n")
+    with pytest.raises(ValueError, match=r"needs a text column .* its columns are \['Quality'"):
+        load_corpus(tmp_path / "mrpc.tsv")
+    assert list(load_corpus(tmp_path / "mrpc.tsv", pairs=True, columns=["#1 String", "#2 String"])) == [
+        ("one text", "other text")
+    ]

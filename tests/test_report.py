@@ -345,3 +345,13 @@ def test_one_cell_in_two_files_with_other_scores_is_said(tmp_path, caplog):
         write_report([first, other], tmp_path / "mixed")
     said = [r.getMessage() for r in caplog.records if "more than one results file" in r.getMessage()]
     assert len(said) == 1 and "1 cell(s)" in said[0] and "0.8 in a.jsonl, 0.1 in b.jsonl" in said[0], said
+
+
+def test_the_report_says_each_tasks_note(tmp_path):
+    """MNLI from local files trains on dev-matched and scores dev-mismatched: rows said so, the report did not."""
+    note = "local files hold no MNLI train split: with --data-dir the probe trains on dev-matched"
+    rows = [{**_row("mnli", f, 0, 0.5 - f / 8), "note": note} for f in (0.0, 1.0)]
+    rows += [_row("sst2", f, 0, 0.8 - f / 4) for f in (0.0, 1.0)]
+    write_report(_write(tmp_path / "r.jsonl", rows), tmp_path / "rep")
+    text = (tmp_path / "rep" / "report.md").read_text()
+    assert text.count(f"- *mnli*: {note}") == 1 and "- *sst2*" not in text

@@ -17,7 +17,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from ..failures import ArgumentError, ArgumentTypeError, one_line, spell
+from ..failures import ArgumentError, ArgumentTypeError, on_command_line, one_line, spell
 from .file_identity import file_identity
 
 TEXT_COLUMNS = ("text", "sentence", "content", "document")
@@ -144,7 +144,8 @@ def _columns(column_names: Iterable[str], pairs: bool, columns: Iterable[str] | 
         if all(c in names for c in cols):
             return cols
     want = "two text columns (e.g. sentence1, sentence2)" if pairs else f"a text column ({', '.join(TEXT_COLUMNS)})"
-    raise ValueError(f"corpus needs {want}; its columns are {names}: name them with columns=")
+    how = "rename the column(s) in the file" if on_command_line() else "name them with columns=[...]"
+    raise ValueError(f"corpus needs {want}; its columns are {names}: {how}")
 
 
 def _from_dataset(ds, pairs: bool, columns, description: str, max_examples, identity: str | None = None) -> Corpus:
@@ -166,7 +167,7 @@ def load_corpus(src, pairs: bool = False, max_examples: int | None = None, colum
     Args:
         src: a list of strings (or of ``(first, second)`` pairs); a ``datasets.Dataset`` /
             ``IterableDataset``; a text file (one example per line, a TAB separates a pair); a local
-            ``datasets`` folder (``save_to_disk``) or data file (.json/.jsonl/.csv/.parquet/.arrow);
+            ``datasets`` folder (``save_to_disk``) or data file (.json/.jsonl/.csv/.tsv/.parquet/.arrow);
             or a Hub dataset spec ``name[:config]:split:column`` (``column1,column2`` for pairs).
         pairs: examples are sentence pairs.
         max_examples: stop after this many examples.
@@ -277,10 +278,13 @@ def _from_path_or_spec(src: str, pairs: bool, max_examples, columns) -> Corpus:
             ds = ds[split]
         return _from_dataset(ds, pairs, columns, f"local dataset {path.name}", max_examples)  # its fingerprint
     if path.is_file():
-        if path.suffix in DATA_FILE_TYPES:
+        if path.suffix in DATA_FILE_TYPES or path.suffix == ".tsv":
             import datasets
 
-            ds = datasets.load_dataset(DATA_FILE_TYPES[path.suffix], data_files=str(path), split="train")
+            # a .tsv is a table with a header (GLUE's files), not one example per line: its text columns are read
+            table = {"delimiter": "\t", "quoting": 3} if path.suffix == ".tsv" else {}  # 3: csv.QUOTE_NONE
+            kind = DATA_FILE_TYPES.get(path.suffix, "csv")
+            ds = datasets.load_dataset(kind, data_files=str(path), split="train", **table)
             return _from_dataset(ds, pairs, columns, f"file {path.name}", max_examples, file_identity(path))
         return Corpus(path, pairs, f"text file {path.name}", max_examples, None, file_identity(path))
     parts = src.split(":")

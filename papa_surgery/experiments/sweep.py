@@ -68,6 +68,8 @@ class _Cells:
             # bad usage of --max-length (exit 2), whether given or the task's App. B length
             check_max_length(art.model.config, art.length(task), cfg.model_name)
             self.job.check_data(task)
+            if task.note:  # what the score measures (MNLI's local files: trained on dev-matched), said before it runs
+                logger.warning("%s: %s", task.name, task.note)
             if not art.is_papa:
                 for spec in cfg.corpora:
                     if spec not in (TASK_CORPUS, DEFAULT_CORPUS) and not spec.startswith(TASK_CORPUS + ":"):

@@ -82,6 +82,19 @@ def _num_heads(model) -> int:
     return heads * layers
 
 
+@contextlib.contextmanager
+def _quiet_transformers():
+    """transformers' warnings off for the block (its verbosity put back after)."""
+    from transformers.utils import logging as hf_logging
+
+    level = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(level)
+
+
 def finetune(
     model: torch.nn.Module,
     tokenizer,
@@ -161,7 +174,8 @@ def finetune(
     # this load only), or the checkpoint's code a user asked to run (--trust-remote-code), which it saved beside.
     shipped = is_papa_config(model.config) and not type(model).__module__.startswith("papa_surgery.")
     own = is_papa_config(model.config) and not shipped
-    with papa_classes(model.config.model_type) if own else contextlib.nullcontext():
+    # transformers reports the fresh head as MISSING weights in a table: expected here, so it is not shown
+    with papa_classes(model.config.model_type) if own else contextlib.nullcontext(), _quiet_transformers():
         net = head_class.from_pretrained(
             folder,
             num_labels=task.num_labels,

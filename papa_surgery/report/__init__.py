@@ -139,6 +139,8 @@ def _write(all_rows, probed, tuned, names: str, out_dir: Path, constants) -> lis
         "confidence interval (t-distribution). *fraction* is the share of heads made constant; figures show "
         "the share kept input-dependent (1 − fraction), like the paper.",
         "",
+        *[f"- *{task}*: {note}" for task, note in sorted({(r["task"], r["note"]) for r in rows if r.get("note")})],
+        "",
         f"## Constant kinds (Table 1 style, fraction {end:g})",
         "",
         table_kinds(rows, fraction=end),
