@@ -136,7 +136,7 @@ def test_fraction_0_is_the_source(tiny, average):
         assert torch.allclose(papa(**enc)[0], model(**enc)[0], atol=1e-6, rtol=0)
 
 
-def test_the_api_names_the_fitting_function(tiny):
+def test_the_api_names_the_fitting_function(tiny, average):
     assert papa_surgery.sharpen is sharpen
     trained = [k for k in registry.KINDS.values() if k.made == registry.TRAINED]
     assert {k.name for k in trained} >= {"distilled", "sharpened"}
@@ -145,7 +145,7 @@ def test_the_api_names_the_fitting_function(tiny):
         with pytest.raises(ValueError, match=rf"papa_surgery\.{kind.fitted_by}\(model, tokenizer, corpus, constants"):
             papa_surgery.calibrate(tiny.model("bert"), tiny.tokenizer("bert"), SENTENCES, kind=kind.name)
     with pytest.raises(ValueError, match="grid"):
-        sharpen(tiny.model("bert"), tiny.tokenizer("bert"), SENTENCES, None, HEADS, grid=(0.0, 2.0))
+        sharpen(tiny.model("bert"), tiny.tokenizer("bert"), SENTENCES, average, HEADS, grid=(0.0, 2.0))
 
 
 def test_convert_kind_sharpened_through_the_cli_loads_in_a_fresh_process(tiny_folder, tiny, corpus, tmp_path):
