@@ -6,6 +6,8 @@ options' checks are for values; torch and transformers are imported only when a 
 
 from __future__ import annotations
 
+import contextlib
+import operator
 from pathlib import Path
 
 from . import registry
@@ -40,7 +42,7 @@ def check_tokenizer(tokenizer, required: bool = True) -> None:
 
 def what(value) -> str:
     """A value as an error message quotes it: its type and (at most 120 characters of) its repr."""
-    return "None" if value is None else f"the {type(value).__name__} {value!r}"[:120]
+    return "None" if value is None else " ".join(f"the {type(value).__name__} {value!r}".split())[:120]  # one line
 
 
 def check_max_length(config, max_length: int, model_name: str, argument: str = "max_length") -> None:
@@ -84,14 +86,14 @@ def check_fit_arguments(model, tokenizer, constants, heads, numbers: dict):
     check_model(model)
     check_tokenizer(tokenizer)
     constants = check_constants(constants)
-    pairs = isinstance(heads, (list, tuple)) and all(
-        isinstance(h, (list, tuple)) and len(h) == 2 and all(isinstance(x, int) and not isinstance(x, bool) for x in h)
-        for h in heads
-    )
-    if not pairs:
+    try:  # any sequence of integer pairs (numpy's too); None: no head
+        heads = [[operator.index(x) for x in pair] for pair in (heads if heads is not None else [])]
+        if any(len(pair) != 2 or any(isinstance(x, bool) for x in pair) for pair in heads):
+            raise TypeError
+    except TypeError:
         raise ArgumentTypeError(
             "heads", f"must be a list of [layer, head] pairs (e.g. ranking.select(0.5)), got {what(heads)}"
-        )
+        ) from None
     return constants, heads, check_arguments(numbers, HealOptions, RunOptions, CalibrationOptions)
 
 
@@ -124,6 +126,7 @@ def tokenizer_of(model):
     from transformers import AutoTokenizer
 
     from .failures import one_line
+    from .models.papa_classes import is_papa_model_type, papa_classes
     from .models.sources import resolve_model
 
     name = getattr(model.config, "_name_or_path", None)
@@ -133,7 +136,9 @@ def tokenizer_of(model):
             raise ValueError("the model does not say where it was loaded from")
         if Path(name).is_dir() and not any((Path(name) / f).is_file() for f in TOKENIZER_FILES):
             raise ValueError(f"{name} holds no tokenizer files")  # AutoTokenizer would make an empty vocabulary
-        return AutoTokenizer.from_pretrained(name, trust_remote_code=False)  # never the interactive prompt
+        model_type = getattr(model.config, "model_type", None)
+        with papa_classes(model_type) if is_papa_model_type(model_type) else contextlib.nullcontext():
+            return AutoTokenizer.from_pretrained(name, trust_remote_code=False)  # never the interactive prompt
     except Exception as err:
         raise ArgumentError(
             "tokenizer",

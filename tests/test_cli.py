@@ -222,6 +222,12 @@ def test_distilled_kind_on_the_command_line(runner, source, corpus, tmp_path):
     shown = invoke(runner, "inspect", out).output
     assert "kind            distilled (distilled for 2 steps (lr 0.01, objective layers), loss " in shown, shown
     assert "distilled for 2 steps" in (out / "README.md").read_text()
+    # distilled from sharpened constants, the recipe holds both fits: the kind's own is the one shown
+    from papa_surgery.conversion.description import fit_note
+
+    both = {"sharpened": {"exponents": {"0": 1.5}}, "distilled": fit}
+    assert fit_note({**both, "kind": "distilled"}).startswith(" (distilled for 2 steps")
+    assert fit_note({**both, "kind": "sharpened"}).startswith(" (exponent per layer 0: 1.5")
 
 
 # --------------------------------------------------------------------------------- flags where users put them

@@ -195,3 +195,11 @@ def test_a_tsv_file_is_read_as_a_table_of_columns(tmp_path):
     assert list(load_corpus(tmp_path / "mrpc.tsv", pairs=True, columns=["#1 String", "#2 String"])) == [
         ("one text", "other text")
     ]
+    # a .tsv with no header is the text format: one example per line, a TAB between a pair (as it always was)
+    (tmp_path / "pairs.tsv").write_text("a good film\ta dull movie\nsome text\tmore text\n")
+    assert list(load_corpus(tmp_path / "pairs.tsv", pairs=True)) == [
+        ("a good film", "a dull movie"),
+        ("some text", "more text"),
+    ]
+    (tmp_path / "lines.tsv").write_text("a good film\na dull movie\n")
+    assert list(load_corpus(tmp_path / "lines.tsv")) == ["a good film", "a dull movie"]

@@ -163,8 +163,13 @@ def test_probe_and_finetune_check_their_arguments_as_their_commands_do(tiny, dat
 
 
 def test_probe_checks_its_own_options_and_the_models_positions(tiny, data_dir):
+    import numpy as np
+
     model, tok = tiny.model("bert"), tiny.tokenizer("bert")
     common = {"data_dir": str(data_dir), "progress": False}
+    numpy_values = {"max_train_examples": np.int64(16), "batch_size": np.int32(8), "lr": np.float32(1e-3)}
+    row = papa_surgery.probe(model, tok, "sst2", **common, **numpy_values, device=torch.device("cpu"), epochs=1)
+    assert row["examples"] == 16 and row["batch_size"] == 8  # numpy's numbers and a torch.device are taken
     for given, words in [({"epochs": 0}, "epochs: 0 is not in"), ({"batch_size": 0}, "batch_size: 0 is not in"),
                          ({"max_length": 2}, "max_length: 2 is not in"), ({"lr": "1e-3"}, "lr: must be int or float"),
                          ({"max_length": 10_000}, "max_length: 10000 slots exceed the")]:  # fmt: skip

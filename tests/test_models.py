@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 from click.testing import CliRunner
@@ -63,7 +64,7 @@ def _code_that_marks(folder: Path, module: str, marker: Path) -> None:
     (folder / f"{module}.py").write_text(f"import pathlib\npathlib.Path({str(marker)!r}).write_text('ran')\n")
 
 
-def test_heal_runs_no_code_of_a_teacher_the_checkpoints_recipe_names(tmp_path):
+def test_heal_runs_no_code_of_a_teacher_the_checkpoints_recipe_names(tmp_path, monkeypatch):
     """``heal CKPT --trust-remote-code`` loaded the teacher its recipe named with the same trust: an edited recipe
     naming a folder with code ran that code. A recorded source is a Hub id, never a path: a path is refused."""
     import json
@@ -80,6 +81,41 @@ def test_heal_runs_no_code_of_a_teacher_the_checkpoints_recipe_names(tmp_path):
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 2 and "not a Hub id" in result.output and "--teacher" in result.output, result.output
     assert not marker.exists() and not (tmp_path / "out").exists()
+    # a Hub id that a folder of the same name in the working folder would stand in for is refused too
+    shutil.move(teacher, tmp_path / "org" / "teacher")
+    recipe["source"] = {"hub_id": "org/teacher"}
+    (folder / "papa_recipe.json").write_text(json.dumps(recipe))
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 2 and "a folder of that name is in the working folder" in result.output, result.output
+
+
+def test_heal_loads_a_recipe_named_teacher_without_running_its_code(tmp_path, monkeypatch):
+    """``--trust-remote-code`` is for the models a user names: the teacher the recipe names is loaded without it
+    (control: the same folder named with ``--teacher`` runs its code, as asked)."""
+    import json
+
+    import papa_surgery.healing.run as heal_run
+
+    folder, _, _ = build_tiny_checkpoint(tmp_path / "ckpt")
+    teacher, marker = tmp_path / "teacher", tmp_path / "ran"
+    shutil.copytree(folder, teacher, ignore=shutil.ignore_patterns("*.py", "papa_recipe.json", "README.md"))
+    config = json.loads((teacher / "config.json").read_text())
+    config = {k: v for k, v in config.items() if not k.startswith("papa_")}
+    (teacher / "config.json").write_text(
+        json.dumps({**config, "model_type": "bert", "auto_map": {"AutoModel": "evil.M"}})
+    )
+    (teacher / "evil.py").write_text(
+        f"import pathlib\npathlib.Path({str(marker)!r}).write_text('ran')\n"
+        "from transformers import BertModel\n\n\nclass M(BertModel):  # its own: transformers marks it\n"
+        "    pass\n"
+    )
+    monkeypatch.setattr(heal_run, "teacher_name", lambda papa, given=None: given or str(teacher))  # as if recorded
+    args = ["heal", str(folder), "--trust-remote-code", "--steps", "1", "--heldout", "8", "--max-examples", "40"]
+    CliRunner().invoke(main, [*args, "--out", str(tmp_path / "a")])
+    assert not marker.exists()
+    CliRunner().invoke(main, [*args, "--teacher", str(teacher), "--out", str(tmp_path / "b")])
+    assert marker.exists()
 
 
 def test_save_without_a_tokenizer_never_asks_to_run_a_tokenizers_code(tmp_path, monkeypatch):

@@ -336,15 +336,17 @@ def test_one_cell_in_two_files_with_other_scores_is_said(tmp_path, caplog):
     """``report a.jsonl b.jsonl`` kept b's row of a cell and seed that a.jsonl held too, with another score, and
     said nothing: the mean mixed two measurements. A row repeated as it was (the same file twice) says nothing."""
     rows = [_row("sst2", f, seed, 0.8 - f / 4) for f in (0.0, 1.0) for seed in (0, 1)]
-    first = _write(tmp_path / "a.jsonl", rows)
-    other = _write(tmp_path / "b.jsonl", [{**rows[0], "score": 0.1}])
+    (tmp_path / "run1").mkdir(), (tmp_path / "run2").mkdir()  # the usual layout: one name, two folders
+    first = _write(tmp_path / "run1" / "r.jsonl", rows)
+    other = _write(tmp_path / "run2" / "r.jsonl", [{**rows[0], "score": 0.1}])
     with caplog.at_level("WARNING", logger="papa_surgery"):
         write_report([first, first], tmp_path / "same")
     assert "more than one results file" not in caplog.text
     with caplog.at_level("WARNING", logger="papa_surgery"):
         write_report([first, other], tmp_path / "mixed")
     said = [r.getMessage() for r in caplog.records if "more than one results file" in r.getMessage()]
-    assert len(said) == 1 and "1 cell(s)" in said[0] and "0.8 in a.jsonl, 0.1 in b.jsonl" in said[0], said
+    assert len(said) == 1 and "1 cell(s)" in said[0], said
+    assert f"0.8 in {tmp_path / 'run1' / 'r.jsonl'}, 0.1 in {tmp_path / 'run2' / 'r.jsonl'}" in said[0], said
 
 
 def test_the_report_says_each_tasks_note(tmp_path):

@@ -117,6 +117,13 @@ def test_fraction_0_is_the_source_and_bad_steps_are_refused(tiny, average):
             sharpen(model, tok, SENTENCES, arguments.get("constants", average), arguments.get("heads", HEADS))
     with pytest.raises(TypeError, match=r"lr: must be int or float, got the str '0.01'"):
         papa_surgery.distill(model, tok, SENTENCES, average, HEADS, lr="0.01")
+    # what the functions took before their checks still goes: numpy's integers, no heads, a search's unused options
+    import numpy as np
+
+    numpy_heads = [tuple(np.int64(x) for x in h) for h in HEADS]
+    assert papa_surgery.distill(model, tok, SENTENCES, average, None, steps=np.int64(1)).kind == "average"  # no head
+    walked = sharpen(model, tok, SENTENCES, average, numpy_heads, search="walk", steps=0, lr=0.0, grid=(1.5,))
+    assert walked.kind == "sharpened"
     with pytest.raises(ValueError, match=r"search: must be one of per-head, walk, grid, got 'heads'"):
         sharpen(model, tok, SENTENCES, average, HEADS, search="heads")
 

@@ -17,11 +17,10 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from ..failures import ArgumentError, ArgumentTypeError, on_command_line, one_line, spell
+from ..failures import ArgumentError, ArgumentTypeError, one_line, spell
+from .columns import is_table, text_columns
 from .file_identity import file_identity
 
-TEXT_COLUMNS = ("text", "sentence", "content", "document")
-PAIR_COLUMNS = (("sentence1", "sentence2"), ("premise", "hypothesis"), ("question", "sentence"), ("text_a", "text_b"))
 DATA_FILE_TYPES = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet", ".arrow": "arrow"}
 DEFAULT_CORPUS_FILE = "wikitext2_valid_excerpt.txt"
 HEALING_CORPUS_FILE = "ud_ewt_train_sentences.txt"  # scripts/bundle_healing_corpus.py wrote it
@@ -129,27 +128,8 @@ def _iterate(source, pairs: bool) -> Iterator:
             logger.warning("corpus: skipped %d %s (%s %s)", len(skipped), what, where, shown)
 
 
-def _columns(column_names: Iterable[str], pairs: bool, columns: Iterable[str] | None) -> tuple[str, ...]:
-    names = list(column_names)
-    if columns:
-        cols = tuple(columns)
-        missing = [c for c in cols if c not in names]
-        if missing:
-            raise ValueError(f"corpus has no column {missing[0]!r}; its columns are {names}")
-        if len(cols) != (2 if pairs else 1):
-            raise ValueError(f"{spell('pairs', True)} needs two columns, a single corpus one; got {list(cols)}")
-        return cols
-    candidates = PAIR_COLUMNS if pairs else tuple((c,) for c in TEXT_COLUMNS)
-    for cols in candidates:
-        if all(c in names for c in cols):
-            return cols
-    want = "two text columns (e.g. sentence1, sentence2)" if pairs else f"a text column ({', '.join(TEXT_COLUMNS)})"
-    how = "rename the column(s) in the file" if on_command_line() else "name them with columns=[...]"
-    raise ValueError(f"corpus needs {want}; its columns are {names}: {how}")
-
-
 def _from_dataset(ds, pairs: bool, columns, description: str, max_examples, identity: str | None = None) -> Corpus:
-    cols = _columns(ds.column_names or [], pairs, columns)
+    cols = text_columns(ds.column_names or [], pairs, columns)
 
     class _Rows:
         def __iter__(self):
@@ -278,10 +258,10 @@ def _from_path_or_spec(src: str, pairs: bool, max_examples, columns) -> Corpus:
             ds = ds[split]
         return _from_dataset(ds, pairs, columns, f"local dataset {path.name}", max_examples)  # its fingerprint
     if path.is_file():
-        if path.suffix in DATA_FILE_TYPES or path.suffix == ".tsv":
+        if path.suffix in DATA_FILE_TYPES or is_table(path):
             import datasets
 
-            # a .tsv is a table with a header (GLUE's files), not one example per line: its text columns are read
+            # a table with a header (GLUE's .tsv files), not one example per line: its text columns are read
             table = {"delimiter": "\t", "quoting": 3} if path.suffix == ".tsv" else {}  # 3: csv.QUOTE_NONE
             kind = DATA_FILE_TYPES.get(path.suffix, "csv")
             ds = datasets.load_dataset(kind, data_files=str(path), split="train", **table)

@@ -61,9 +61,9 @@ def distillation_text(fit: dict) -> str:
 
 def fit_note(d: dict) -> str:
     """How the checkpoint's trained constants were fitted, in brackets after the kind (empty for other kinds)."""
-    if d.get("sharpened"):
-        return f" ({sharpness_text(d['sharpened'])})"
-    return f" ({distillation_text(d['distilled'])})" if d.get("distilled") else ""
+    if d.get("kind") == "distilled" and d.get("distilled"):  # distilled from sharpened constants records both
+        return f" ({distillation_text(d['distilled'])})"
+    return f" ({sharpness_text(d['sharpened'])})" if d.get("kind") == "sharpened" and d.get("sharpened") else ""
 
 
 def format_description(d: dict) -> str:

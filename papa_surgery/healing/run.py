@@ -9,6 +9,7 @@ what trained, the objective and the held-out agreement before and after), which 
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 import torch
 
@@ -78,11 +79,14 @@ def teacher_name(papa, teacher: str | None = None) -> str:
             f"the PAPA model does not name a public source to heal toward; pass it with {spell('teacher')} "
             "(the source model's folder or Hub id)",
         )
-    if not is_hub_id(name):  # papa-surgery records a Hub id, never a path: an edited recipe must not pick a folder
+    # papa-surgery records a Hub id, never a path: an edited recipe must not pick a folder, nor a Hub id that a
+    # folder of that name in the working folder would stand in for
+    if not is_hub_id(name) or Path(name).exists():
+        where = "which is not a Hub id" if not is_hub_id(name) else "and a folder of that name is in the working folder"
         raise ArgumentError(
             "teacher",
-            f"the PAPA model's recipe names {name!r} as its source, which is not a Hub id; pass the source model "
-            f"with {spell('teacher')} (its folder or Hub id)",
+            f"the PAPA model's recipe names {name!r} as its source, {where}; pass the source model with "
+            f"{spell('teacher')} (its folder or Hub id)",
         )
     if name == EMBEDDED_HUB_ID and (constants.HF_HUB_OFFLINE or not hub_reachable()):
         try:

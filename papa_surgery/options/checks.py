@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
+import numbers
 import os
 import re
 from collections.abc import Iterable
@@ -183,8 +184,22 @@ class Checked:
                 object.__setattr__(self, f.name, _check(f.name, meta, value))
 
 
+def _plain(value, types: tuple[type, ...]):
+    """numpy's integers and floats as Python's, a ``torch.device`` as its name: values a field's type stands for."""
+    if isinstance(value, bool) or isinstance(value, types):
+        return value
+    if int in types and isinstance(value, numbers.Integral):
+        return int(value)
+    if float in types and isinstance(value, numbers.Real):
+        return float(value)
+    if str in types and type(value).__module__ == "torch" and type(value).__name__ == "device":
+        return str(value)
+    return value
+
+
 def _check(name: str, meta: dict, value):
     types = _python_types(meta)
+    value = value if types is None else _plain(value, types)
     if types is not None and (
         not isinstance(value, types)
         or (isinstance(value, bool) and bool not in types and not meta["click"].get("is_flag"))

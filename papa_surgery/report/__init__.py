@@ -92,17 +92,18 @@ def _warn_repeated_cells(paths: list, per_file: list[list[dict]]) -> None:
     """Warn when one cell and seed is in more than one file with another score or example count: the report keeps
     the last file's row (a seed counts once), so the other file's is left out of the mean and its interval."""
     import logging
+    import os
 
     from ..experiments.results import protocol
 
     first: dict[tuple, tuple] = {}  # (cell, protocol, seed) -> (file, score, example counts)
     clashes = []
-    for path, rows in zip(paths, per_file, strict=True):
+    for path, rows in zip(map(os.path.normpath, map(str, paths)), per_file, strict=True):
         for row in rows:
             if row.get("score") is None:
                 continue
             key = (*group_key(row), protocol(row), int(row.get("seed", 0)))
-            seen = (Path(path).name, row["score"], (row.get("examples"), row.get("eval_examples")))
+            seen = (str(path), row["score"], (row.get("examples"), row.get("eval_examples")))  # as the user named it
             earlier = first.setdefault(key, seen)
             if earlier[0] != seen[0] and earlier[1:] != seen[1:]:
                 clashes.append((key, earlier, seen))
