@@ -246,3 +246,19 @@ def test_a_model_that_predicts_one_class_is_warned_and_recorded(tiny, tmp_path, 
 
     assert predicted_classes([[0, 1], [1]]) == 2 and predicted_classes([[2, 2], [2]]) == 1
     assert degenerate_message("m", get_task("sst2"), [0, 1], [0, 1]) is None
+
+
+def test_a_tasks_note_is_said_before_the_sweep_runs(tiny_folder, tmp_path, caplog):
+    """MNLI from local files trains the probe on dev-matched and scores dev-mismatched: only the rows said so."""
+    mnli = tmp_path / "data" / "glue" / "mnli"
+    mnli.mkdir(parents=True)
+    rows = [("a cat sat", "a cat is sitting", "entailment"), ("a dog ran", "nothing moved", "contradiction"),
+            ("it rained", "the day was long", "neutral")] * 4  # fmt: skip
+    text = "pairID,sentence1,sentence2,label\n" + "".join(f"{i},{a},{b},{y}\n" for i, (a, b, y) in enumerate(rows))
+    for split in ("matched", "mismatched"):
+        (mnli / f"multinli_1.0_dev_{split}.csv").write_text(text)
+    args = ["probe", str(tiny_folder("bert")), "--task", "mnli", "--data-dir", str(tmp_path / "data")]
+    result = CliRunner().invoke(main, [*args, "--fractions", "0", "--seeds", "1", "--epochs", "1", "--max-length",
+                                       "32", "--out", str(tmp_path / "r.jsonl")])  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert "mnli: local files hold no MNLI train split" in caplog.text, caplog.text
