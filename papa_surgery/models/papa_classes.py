@@ -66,6 +66,7 @@ def papa_classes(model_type: str) -> Iterator[type]:
     from ..hub_code.configuration_papa import papa_config_class
 
     family = family_for(model_type)
+    family.check_transformers()  # a family newer than transformers: the release it needs, before its classes build
     config_class = papa_config_class(family.model_type)
     places = [(CONFIG_MAPPING, family.papa_model_type)]
     places += [(getattr(transformers, a)._model_mapping, config_class) for a in family.auto_classes]
