@@ -396,3 +396,20 @@ def test_labeled_kinds_change_only_constants_and_probe_resume_and_report(tiny_fo
     table = report[report.index("## Constant kinds") :]
     order = [table.index(f"| {k} |") for k in kinds]
     assert order == sorted(order) and "original (fraction 0)" in table  # the paper's Table 1 rows, in its order
+
+
+def test_a_short_corpus_is_said_once_in_a_sweep_of_several_kinds(tiny_folder, tmp_path):
+    """The average's coverage warning is said once, however many cells and rankings read those constants; the
+    data-free kind's cells (whose ranking reads the average) add none."""
+    import warnings
+
+    from papa_surgery.calibration.coverage import CoverageWarning
+
+    write_sst2(tmp_path / "data")
+    cfg = config(tiny_folder("bert"), tmp_path / "data", fractions=(0.5, 1.0), seeds=1, kinds=("average", "toeplitz"),
+                 methods=("variance",))  # fmt: skip
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        run_sweep(cfg, tmp_path / "r.jsonl", progress=False)
+    said = [w for w in caught if issubclass(w.category, CoverageWarning)]
+    assert len(said) == 1, [str(w.message) for w in said]

@@ -17,6 +17,8 @@ Filling is idempotent: filled cells are recomputed from covered ones only.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import warnings
 
 import torch
@@ -144,10 +146,25 @@ def coverage_message(counts: torch.Tensor, max_length: int, pairs: bool) -> str 
     )
 
 
+@contextlib.contextmanager
+def coverage_unsaid():
+    """Inside, :func:`warn_coverage` says nothing and leaves the constants unmarked: constants made for another use
+    than a model's (a ranking's reading) warn once a model gets them, and constants a model never gets (a data-free
+    kind's model has its own) never blame their corpus."""
+    token = _UNSAID.set(True)
+    try:
+        yield
+    finally:
+        _UNSAID.reset(token)
+
+
+_UNSAID = contextvars.ContextVar("papa_coverage_unsaid", default=False)
+
+
 def warn_coverage(constants, stacklevel: int = 3) -> None:
     """Warn (``CoverageWarning``), once per ``Constants`` object, when its corpus covers fewer than L slots."""
     coverage = constants.coverage  # (L,) examples per slot; None for data-free kinds
-    if coverage is None or getattr(constants, "_coverage_warned", False):
+    if coverage is None or getattr(constants, "_coverage_warned", False) or _UNSAID.get():
         return
     message = coverage_message(coverage, constants.max_length, constants.pairs)
     constants._coverage_warned = True

@@ -235,11 +235,15 @@ class Workflow:
                 **lambda_options,
             )
             return reversed_ranking(base)
+        from ..calibration.coverage import coverage_unsaid
         from ..ranking.methods import constants_serve, measured_corpus
 
         cal = calibration or {}
         if chosen.constants is not None and not constants_serve(chosen, constants):
-            constants = self._read_by_ranking(chosen.constants, cal)
+            # what the method reads: a corpus short of the slots is said when a model gets these constants (the
+            # ranking measures the slots the corpus reaches; a data-free kind's model gets other constants)
+            with coverage_unsaid():
+                constants = self.constants(chosen.constants, **cal)
         corpus = lambda_options.pop("corpus", cal.get("corpus"))
         if chosen.corpus:  # measured on text: the one given, else the calibration's, else the default corpus
             corpus = measured_corpus(chosen.name, corpus, constants, cal.get("max_examples"))
@@ -255,20 +259,6 @@ class Workflow:
         return self.cache.fetch(
             "ranking", key, lambda: self._rank(chosen.name, constants, task, data_dir, seed, corpus, lambda_options)
         )
-
-    def _read_by_ranking(self, kind: str, calibration: dict):
-        """The constants a ranking method reads, calibrated for it. A corpus short of the slots is not said here: the
-        ranking measures the slots it reaches, and the model may be given other constants (a data-free kind, which
-        fills nothing). It is said when these constants are put into a model (:func:`~..conversion.surgery`)."""
-        import warnings
-
-        from ..calibration.coverage import CoverageWarning
-
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", CoverageWarning)
-            constants = self.constants(kind, **calibration)
-        constants._coverage_warned = False
-        return constants
 
     def _rank(self, method: str, constants, task, data_dir, seed: int, corpus, lambda_options: dict):
         from ..ranking.methods import rank_heads
