@@ -6,7 +6,6 @@ options' checks are for values; torch and transformers are imported only when a 
 
 from __future__ import annotations
 
-import contextlib
 import operator
 from pathlib import Path
 
@@ -77,7 +76,7 @@ def check_cell_options(model, options: dict) -> dict:
 
 
 def check_fit_arguments(model, tokenizer, constants, heads, numbers: dict):
-    """``(constants, heads, numbers)`` of ``distill`` / ``sharpen`` checked before any work, naming the argument:
+    """``(constants, heads)`` of ``distill`` / ``sharpen``, all their arguments checked before any work, naming one:
     constants as :func:`check_constants` takes them (a file's path too), ``heads`` a list of ``[layer, head]``
     pairs (``ranking.select(fraction)``), and ``numbers`` (steps, lr, batch_size, max_examples, seed, device)
     as the command line checks its flags."""
@@ -94,7 +93,8 @@ def check_fit_arguments(model, tokenizer, constants, heads, numbers: dict):
         raise ArgumentTypeError(
             "heads", f"must be a list of [layer, head] pairs (e.g. ranking.select(0.5)), got {what(heads)}"
         ) from None
-    return constants, heads, check_arguments(numbers, HealOptions, RunOptions, CalibrationOptions)
+    check_arguments(numbers, HealOptions, RunOptions, CalibrationOptions)
+    return constants, heads
 
 
 def check_constants(constants, method: str | None = None):
@@ -126,7 +126,7 @@ def tokenizer_of(model):
     from transformers import AutoTokenizer
 
     from .failures import one_line
-    from .models.papa_classes import is_papa_model_type, papa_classes
+    from .models.papa_classes import papa_classes
     from .models.sources import resolve_model
 
     name = getattr(model.config, "_name_or_path", None)
@@ -136,8 +136,7 @@ def tokenizer_of(model):
             raise ValueError("the model does not say where it was loaded from")
         if Path(name).is_dir() and not any((Path(name) / f).is_file() for f in TOKENIZER_FILES):
             raise ValueError(f"{name} holds no tokenizer files")  # AutoTokenizer would make an empty vocabulary
-        model_type = getattr(model.config, "model_type", None)
-        with papa_classes(model_type) if is_papa_model_type(model_type) else contextlib.nullcontext():
+        with papa_classes(getattr(model.config, "model_type", None)):  # a PAPA config read by the library's class
             return AutoTokenizer.from_pretrained(name, trust_remote_code=False)  # never the interactive prompt
     except Exception as err:
         raise ArgumentError(

@@ -58,11 +58,10 @@ class _Cells:
 
     def preflight(self, tasks) -> None:
         """Read every split and corpus and check every slot count now, so a bad input writes no line."""
+        from ..arguments import check_max_length
         from ..models.families import get_family
 
         art, cfg = self.art, self.art.config
-        from ..arguments import check_max_length
-
         get_family(art.model)
         for task in tasks:
             # bad usage of --max-length (exit 2), whether given or the task's App. B length

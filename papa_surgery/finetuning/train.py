@@ -173,9 +173,8 @@ def finetune(
     # The folder just written is read by the classes the model was loaded with: papa-surgery's own (registered for
     # this load only), or the checkpoint's code a user asked to run (--trust-remote-code), which it saved beside.
     shipped = is_papa_config(model.config) and not type(model).__module__.startswith("papa_surgery.")
-    own = is_papa_config(model.config) and not shipped
     # transformers reports the fresh head as MISSING weights in a table: expected here, so it is not shown
-    with papa_classes(model.config.model_type) if own else contextlib.nullcontext(), _quiet_transformers():
+    with contextlib.nullcontext() if shipped else papa_classes(model.config.model_type), _quiet_transformers():
         net = head_class.from_pretrained(
             folder,
             num_labels=task.num_labels,

@@ -78,7 +78,7 @@ def distill(
     from .trainable import prepare
 
     numbers = dict(steps=steps, lr=lr, batch_size=batch_size, seed=seed, max_examples=max_examples, device=device)
-    constants, heads, _ = check_fit_arguments(model, tokenizer, constants, heads, numbers)
+    constants, heads = check_fit_arguments(model, tokenizer, constants, heads, numbers)
     if objective not in OBJECTIVES:
         raise ValueError(f"unknown distillation objective {objective!r}; choose one of {', '.join(OBJECTIVES)}")
     constants = constants.to_dense()  # trained as dense (L, L) matrices

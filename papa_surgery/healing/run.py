@@ -81,8 +81,9 @@ def teacher_name(papa, teacher: str | None = None) -> str:
         )
     # papa-surgery records a Hub id, never a path: an edited recipe must not pick a folder, nor a Hub id that a
     # folder of that name in the working folder would stand in for
-    if not is_hub_id(name) or Path(name).exists():
-        where = "which is not a Hub id" if not is_hub_id(name) else "and a folder of that name is in the working folder"
+    hub_id = is_hub_id(name)
+    if not hub_id or Path(name).exists():
+        where = "and a folder of that name is in the working folder" if hub_id else "which is not a Hub id"
         raise ArgumentError(
             "teacher",
             f"the PAPA model's recipe names {name!r} as its source, {where}; pass the source model with "

@@ -131,7 +131,7 @@ def sharpen(
     numbers = dict(batch_size=batch_size, max_examples=max_examples, device=device)
     if search == PER_HEAD:  # the steps and rate of its gradient fit; walk and grid take none
         numbers.update(steps=steps, lr=lr)
-    constants, heads, _ = check_fit_arguments(model, tokenizer, constants, heads, numbers)
+    constants, heads = check_fit_arguments(model, tokenizer, constants, heads, numbers)
     grid = tuple(sorted({float(p) for p in grid} | {1.0}))
     if any(p <= 0 for p in grid):
         raise ValueError(f"grid: exponents must be positive, got {grid}")

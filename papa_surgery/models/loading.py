@@ -192,7 +192,7 @@ def check_model_location(name: str) -> bool:
         if not (path / "config.json").is_file():
             raise ValueError(f"model folder {name!r} has no config.json; pass a folder saved with save_pretrained")
         return True
-    if _looks_local(name) or not _HUB_ID.match(name):
+    if not is_hub_id(name):
         raise NotFound(f"model folder {name!r} does not exist{_suggest(name)}")
     if constants.HF_HUB_OFFLINE:
         return True
@@ -262,12 +262,12 @@ def load_source(
     """
     import contextlib
 
-    from .papa_classes import is_papa_model_type, papa_classes
+    from .papa_classes import papa_classes
 
     local_only = check_model_location(name_or_path)
     config = load_config(name_or_path, revision, local_files_only=local_only, trust_remote_code=trust_remote_code)
-    own = is_papa_model_type(config.model_type) and not trust_remote_code
-    with papa_classes(config.model_type) if own else contextlib.nullcontext():  # registered for this load only
+    # a PAPA checkpoint's classes registered for this load only; with trust_remote_code its own code builds it
+    with contextlib.nullcontext() if trust_remote_code else papa_classes(config.model_type):
         model, tokenizer = _model_and_tokenizer(name_or_path, config, auto_class, revision, dtype, trust_remote_code,
                                                 local_only, model_kwargs)  # fmt: skip
     if device is not None:

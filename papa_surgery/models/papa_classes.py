@@ -53,7 +53,8 @@ def register_papa_classes(model_type: str) -> type:
 
 @contextlib.contextmanager
 def papa_classes(model_type: str) -> Iterator[type]:
-    """:func:`register_papa_classes` for the ``with`` block only; its config class.
+    """:func:`register_papa_classes` for the ``with`` block only; its config class (``None``, and nothing
+    registered, for a model type that is not a PAPA checkpoint's).
 
     Afterwards transformers' auto mappings hold what they held before. Left registered, the library's classes
     answered a user's own ``AutoModel.from_pretrained(checkpoint, trust_remote_code=True)`` later in the same
@@ -65,6 +66,9 @@ def papa_classes(model_type: str) -> Iterator[type]:
 
     from ..hub_code.configuration_papa import papa_config_class
 
+    if not is_papa_model_type(model_type):
+        yield None
+        return
     family = family_for(model_type)
     family.check_transformers()  # a family newer than transformers: the release it needs, before its classes build
     config_class = papa_config_class(family.model_type)

@@ -103,7 +103,7 @@ def _warn_repeated_cells(paths: list, per_file: list[list[dict]]) -> None:
             if row.get("score") is None:
                 continue
             key = (*group_key(row), protocol(row), int(row.get("seed", 0)))
-            seen = (str(path), row["score"], (row.get("examples"), row.get("eval_examples")))  # as the user named it
+            seen = (path, row["score"], (row.get("examples"), row.get("eval_examples")))  # as the user named it
             earlier = first.setdefault(key, seen)
             if earlier[0] != seen[0] and earlier[1:] != seen[1:]:
                 clashes.append((key, earlier, seen))
